@@ -1,0 +1,127 @@
+"""Assemble a gateway from Settings: store, broker, listeners; run until cancelled."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import sys
+from dataclasses import dataclass, field
+
+import trio
+
+from gateway.broker import Broker
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.protocols.nsq import listener as nsq_listener
+from gateway.protocols.nsq.auth import AuthClient
+from gateway.protocols.nsq.codec import Limits
+from gateway.protocols.nsq.negotiation import ServerFeatures
+from gateway.protocols.nsq.server import NSQServer
+from gateway.stores import Store, open_store
+
+log = logging.getLogger("gateway")
+
+
+def _bound_address(listener: trio.SocketListener) -> tuple[str, int]:
+    host, port = listener.socket.getsockname()[:2]
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    store: Store | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    ssl_context: ssl.SSLContext | None = None
+    addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        if self.store is None:
+            self.store = open_store(s.store or "memory://")
+        if self.ssl_context is None and s.tls_cert and s.tls_key:
+            self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
+        self.broker = Broker(self.store, max_attempts=s.broker.max_attempts)
+        self.nsq = self._nsq_server()
+
+    def _nsq_server(self) -> NSQServer:
+        n = self.settings.nsqd
+        auth = None
+        if n.auth_http_addresses:
+            auth = AuthClient(n.auth_http_addresses, n.auth_http_request_method)
+        features = ServerFeatures(
+            tls_available=self.ssl_context is not None,
+            snappy_enabled=n.snappy,
+            deflate_enabled=n.deflate,
+            max_deflate_level=n.max_deflate_level,
+            auth_required=auth is not None,
+            max_rdy_count=n.max_rdy_count,
+            msg_timeout=n.msg_timeout,
+            max_msg_timeout=n.max_msg_timeout,
+            heartbeat_interval=n.client_timeout // 2,
+            max_heartbeat_interval=n.max_heartbeat_interval,
+            max_output_buffer_size=n.max_output_buffer_size,
+            min_output_buffer_timeout=n.min_output_buffer_timeout,
+            max_output_buffer_timeout=n.max_output_buffer_timeout,
+        )
+        limits = Limits(
+            max_msg_size=n.max_msg_size,
+            max_body_size=n.max_body_size,
+            max_rdy_count=n.max_rdy_count,
+            max_req_timeout=n.max_req_timeout,
+            max_line_length=n.max_line_length,
+        )
+        return NSQServer(
+            broker=self.broker,
+            metrics=self.metrics,
+            limits=limits,
+            features=features,
+            ssl_context=self.ssl_context,
+            tls_required=n.tls_required,
+            auth=auth,
+            max_req_timeout=n.max_req_timeout,
+            max_msg_timeout=n.max_msg_timeout,
+            max_output_bytes=n.max_output_bytes,
+            hostname=n.hostname if n.hostname != "localhost" else socket.gethostname(),
+        )
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Open the store, bind every listener, report where, then serve until cancelled."""
+        await self.broker.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.broker.run)
+                nsq_addr = self.settings.address("nsq")
+                if nsq_addr is not None:
+                    bound = await nursery.start(nsq_listener.serve, self.nsq, *nsq_addr)
+                    self._announce("nsq", bound)
+                task_status.started(self)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.broker.close()
+
+    def _announce(self, protocol: str, listeners: list[trio.SocketListener]) -> None:
+        host, port = _bound_address(listeners[0])
+        self.addresses[protocol] = (host, port)
+        for lst in listeners:
+            h, p = _bound_address(lst)
+            # The contract scripts and tests rely on: one line per bound listener.
+            print(
+                f"listening protocol={protocol} address={format_address(h, p)}",
+                file=sys.stderr,
+                flush=True,
+            )

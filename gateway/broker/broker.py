@@ -1,0 +1,156 @@
+"""The broker: topics, groups and the one timer task behind every deadline and deferral.
+
+Protocol-agnostic by rule: nothing here imports a protocol. Sessions call it directly from
+their own tasks; every call is synchronous except `flush()`, the store's commit point.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Sequence
+
+import trio
+
+from gateway.broker.group import Group
+from gateway.broker.topic import Topic
+from gateway.model import DEFAULT_PRIORITY, Message
+from gateway.stores.base import Store
+
+
+class Broker:
+    def __init__(self, store: Store, *, max_attempts: int = 0) -> None:
+        self.store = store
+        self.max_attempts = max_attempts
+        self.topics: dict[str, Topic] = {}
+        self.last_id = 0
+        self._timers: list[tuple[float, int, Group]] = []
+        self._timer_seq = itertools.count()
+        self._timer_changed = trio.Event()
+        self.started_at = time.time()
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Load what the store recorded: topics, groups and their messages."""
+        state = await self.store.open()
+        self.last_id = state.last_id
+        now = trio.current_time()
+        for st in state.topics.values():
+            topic = self.topics[st.name] = Topic(self, st.name)
+            topic.paused = st.paused
+            topic.backlog = list(st.backlog)
+            for sg in st.groups.values():
+                group = topic.groups[sg.name] = Group(
+                    topic, sg.name, max_attempts=self.max_attempts
+                )
+                group.paused = sg.paused
+                for msg in sg.ready:
+                    if msg.deliver_at > now:
+                        group._defer(msg)
+                    else:
+                        group.ready.push(msg)
+                for msg in sg.buried:
+                    group.buried[msg.id] = msg
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The timer task: wakes at the earliest deadline or deferral any group asked for."""
+        task_status.started()
+        timers = self._timers
+        while True:
+            now = trio.current_time()
+            while timers and timers[0][0] <= now:
+                when, _, group = heapq.heappop(timers)
+                if group.next_wake == when:
+                    group.on_timer(now)
+            wake_at = timers[0][0] if timers else math.inf
+            with trio.move_on_at(wake_at):
+                await self._timer_changed.wait()
+            self._timer_changed = trio.Event()
+
+    def schedule(self, group: Group, when: float) -> None:
+        """Ask for `group.on_timer` at `when` (only ever moves a group's wake-up earlier)."""
+        group.next_wake = when
+        timers = self._timers
+        if not timers or when < timers[0][0]:
+            self._timer_changed.set()
+        heapq.heappush(timers, (when, next(self._timer_seq), group))
+
+    async def flush(self) -> None:
+        await self.store.flush()
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- topics and groups -----------------------------------------------------
+
+    def topic(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Topic | None:
+        topic = self.topics.get(name)
+        if topic is None and create:
+            topic = self.topics[name] = Topic(self, name, ephemeral=ephemeral)
+            if topic._store is not None:
+                topic._store.add_topic(name)
+        return topic
+
+    def group(
+        self, topic: str, name: str, *, ephemeral_topic: bool = False, ephemeral: bool = False
+    ) -> Group:
+        t = self.topic(topic, ephemeral=ephemeral_topic)
+        assert t is not None
+        g = t.group(name, ephemeral=ephemeral)
+        assert g is not None
+        return g
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        topic.deleted = True
+        for group in topic.groups.values():
+            group.close()
+        topic.groups.clear()
+        if topic._store is not None:
+            topic._store.drop_topic(name)
+        return True
+
+    # -- publishing ------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        *,
+        delay: float = 0.0,
+        priority: int = DEFAULT_PRIORITY,
+        ttr: float = 0.0,
+        headers: dict[str, str] | None = None,
+        reply_to: str | None = None,
+        origin: str = "",
+        ephemeral: bool = False,
+    ) -> list[Message]:
+        """Create messages and queue them. Await `flush()` before acknowledging them."""
+        t = self.topic(topic, ephemeral=ephemeral)
+        assert t is not None
+        ts = time.time_ns()
+        deliver_at = trio.current_time() + delay if delay > 0 else 0.0
+        first = self.last_id + 1
+        self.last_id += len(bodies)
+        msgs = [
+            Message(
+                i,
+                topic,
+                body,
+                ts,
+                headers=headers,
+                priority=priority,
+                deliver_at=deliver_at,
+                ttr=ttr,
+                reply_to=reply_to,
+                origin=origin,
+            )
+            for i, body in zip(itertools.count(first), bodies, strict=False)
+        ]
+        t.put(msgs)
+        return msgs

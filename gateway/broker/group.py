@@ -1,0 +1,461 @@
+"""A group: one named subscription on a topic (NSQ channel, beanstalkd tube workers,
+NATS queue group). Each message put to the group goes to exactly one of its consumers.
+
+Everything here is synchronous and never awaits: a publish, a delivery and an ack are a
+few dict and deque operations on the caller's task. Deliveries are handed to a consumer's
+sink, which only queues bytes and wakes its connection's writer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from enum import IntEnum
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from gateway.broker.ready import ReadyQueue
+from gateway.model import Message
+
+if TYPE_CHECKING:
+    from gateway.broker.topic import Topic
+
+_INF = float("inf")
+_seq = itertools.count()
+
+
+class Outcome(IntEnum):
+    OK = 0
+    NOT_IN_FLIGHT = 1
+    NOT_OWNER = 2
+
+
+class Sink(Protocol):
+    def deliver(self, message: Message, consumer: Consumer) -> bool:
+        """Take a delivery. False declines it (NSQ sample_rate): it counts as finished."""
+        ...
+
+
+class Consumer:
+    """A member of a group. `ready` is a window: deliveries flow while in_flight < ready."""
+
+    __slots__ = ("attached", "group", "in_flight", "ready", "sink", "timeout", "waiting")
+
+    def __init__(self, group: Group, sink: Sink, timeout: float) -> None:
+        self.group = group
+        self.sink = sink
+        self.timeout = (
+            timeout  # seconds a delivery may stay in flight (unless the message has a ttr)
+        )
+        self.ready = 0
+        self.in_flight = 0
+        self.attached = True
+        self.waiting = False  # queued in the group's list of consumers with room
+
+    def set_ready(self, count: int) -> None:
+        self.ready = count
+        if count > self.in_flight:
+            self.group._offer(self)
+
+
+class InFlight:
+    __slots__ = ("consumer", "deadline", "delivered_at", "message")
+
+    def __init__(self, message: Message, consumer: Consumer, deadline: float, now: float) -> None:
+        self.message = message
+        self.consumer = consumer
+        self.deadline = deadline
+        self.delivered_at = now
+
+
+class Group:
+    def __init__(
+        self, topic: Topic, name: str, *, ephemeral: bool = False, max_attempts: int = 0
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.ephemeral = ephemeral
+        self.max_attempts = max_attempts  # 0: retry for ever; else bury past this many attempts
+        self.paused = False
+        self.deleted = False
+        self.ready = ReadyQueue()
+        self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
+        self.in_flight: dict[int, InFlight] = {}
+        self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest
+        self.consumers: list[Consumer] = []
+        self._waiting: deque[Consumer] = deque()  # consumers with room, round-robin
+        self._deadlines: list[tuple[float, int, InFlight]] = []  # heap, stale entries skipped
+        self.next_wake = _INF  # earliest time the broker's timer will call on_timer
+        self._store = None if ephemeral else topic.broker.store
+        # counters, the same for every protocol that touches this group
+        self.message_count = 0
+        self.delivered_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.bury_count = 0
+        self.kick_count = 0
+
+    # -- putting messages in -------------------------------------------------
+
+    def put(self, messages: list[Message], now: float) -> None:
+        """New messages (already recorded in the store by the topic)."""
+        self.message_count += len(messages)
+        ready = self.ready
+        for msg in messages:
+            if msg.deliver_at > now:
+                self._defer(msg)
+            else:
+                msg.deliver_at = 0.0
+                ready.push(msg)
+        self._dispatch()
+
+    def _defer(self, msg: Message) -> None:
+        heappush(self.deferred, (msg.deliver_at, msg.id, msg))
+        if msg.deliver_at < self.next_wake:
+            self.topic.broker.schedule(self, msg.deliver_at)
+
+    # -- consumers -------------------------------------------------------------
+
+    def attach(self, sink: Sink, timeout: float) -> Consumer:
+        consumer = Consumer(self, sink, timeout)
+        self.consumers.append(consumer)
+        return consumer
+
+    def detach(self, consumer: Consumer, *, requeue: bool) -> None:
+        """A consumer leaves. With `requeue` its in-flight messages are ready again at once
+        (beanstalkd); without, they stay in flight until their deadline (nsqd)."""
+        if not consumer.attached:
+            return
+        consumer.attached = False
+        self.consumers.remove(consumer)
+        if requeue and consumer.in_flight:
+            owned = [e for e in self.in_flight.values() if e.consumer is consumer]
+            for entry in owned:
+                del self.in_flight[entry.message.id]
+                self._return(entry.message, 0.0, trio.current_time())
+            consumer.in_flight = 0
+            self._dispatch()
+        if self.ephemeral and not self.consumers:
+            self.topic.delete_group(self.name)
+
+    def _offer(self, consumer: Consumer) -> None:
+        if consumer.attached and not consumer.waiting and consumer.in_flight < consumer.ready:
+            consumer.waiting = True
+            self._waiting.append(consumer)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        waiting = self._waiting
+        ready = self.ready
+        if self.paused or not waiting or not ready:
+            return
+        now = trio.current_time()
+        while waiting and ready:
+            c = waiting[0]
+            if c.in_flight >= c.ready or not c.attached:
+                waiting.popleft()
+                c.waiting = False
+                continue
+            self._deliver(c, ready.pop(), now)
+            if len(waiting) > 1:
+                waiting.rotate(-1)
+
+    def _deliver(self, c: Consumer, msg: Message, now: float) -> None:
+        msg.attempts += 1
+        deadline = now + (msg.ttr or c.timeout)
+        entry = InFlight(msg, c, deadline, now)
+        self.in_flight[msg.id] = entry
+        c.in_flight += 1
+        heappush(self._deadlines, (deadline, next(_seq), entry))
+        if deadline < self.next_wake:
+            self.topic.broker.schedule(self, deadline)
+        self.delivered_count += 1
+        if not c.sink.deliver(msg, c):
+            self._finish(entry)
+
+    def take(self, consumer: Consumer, msg: Message | None = None) -> Message | None:
+        """Hand the most urgent ready message (or `msg`) to `consumer` at once, whatever its
+        window: the pull path (beanstalkd reserve picks across tubes itself)."""
+        if msg is None:
+            if not self.ready:
+                return None
+            msg = self.ready.pop()
+        elif not self.ready.remove(msg):
+            return None
+        self._deliver(consumer, msg, trio.current_time())
+        return msg
+
+    # -- acknowledgements ------------------------------------------------------
+
+    def _owned(self, consumer: Consumer | None, msg_id: int) -> InFlight | Outcome:
+        entry = self.in_flight.get(msg_id)
+        if entry is None:
+            return Outcome.NOT_IN_FLIGHT
+        if consumer is not None and entry.consumer is not consumer:
+            return Outcome.NOT_OWNER
+        return entry
+
+    def finish(self, consumer: Consumer | None, msg_id: int) -> Outcome:
+        """Acknowledge (NSQ FIN, beanstalkd delete of a reserved job)."""
+        entry = self._owned(consumer, msg_id)
+        if entry.__class__ is Outcome:
+            return entry  # type: ignore[return-value]
+        self._finish(entry)  # type: ignore[arg-type]
+        return Outcome.OK
+
+    def _finish(self, entry: InFlight) -> None:
+        msg = entry.message
+        del self.in_flight[msg.id]
+        self.finish_count += 1
+        if self._store is not None:
+            self._store.remove(self.topic.name, self.name, (msg.id,))
+        self._release_slot(entry.consumer)
+
+    def _release_slot(self, c: Consumer) -> None:
+        # finished deliveries leave stale deadline entries behind; drop them before they
+        # pile up (at 10^5 acks a second they would be millions per msg_timeout)
+        if len(self._deadlines) > 2 * len(self.in_flight) + 4096:
+            self.compact_deadlines()
+        c.in_flight -= 1
+        if c.attached and not c.waiting and c.in_flight < c.ready:
+            c.waiting = True
+            self._waiting.append(c)
+        self._dispatch()
+
+    def requeue(
+        self, consumer: Consumer | None, msg_id: int, delay: float, priority: int | None = None
+    ) -> Outcome:
+        """Give a message back (NSQ REQ, beanstalkd release) to be retried after `delay` s."""
+        entry = self._owned(consumer, msg_id)
+        if entry.__class__ is Outcome:
+            return entry  # type: ignore[return-value]
+        assert isinstance(entry, InFlight)
+        msg = entry.message
+        del self.in_flight[msg.id]
+        self.requeue_count += 1
+        if priority is not None:
+            msg.priority = priority
+        self._return(msg, delay, trio.current_time())
+        self._release_slot(entry.consumer)
+        return Outcome.OK
+
+    def touch(self, consumer: Consumer | None, msg_id: int, extend: float, cap: float) -> Outcome:
+        """Push the deadline to now + extend, never past delivery + cap (NSQ max_msg_timeout)."""
+        entry = self._owned(consumer, msg_id)
+        if entry.__class__ is Outcome:
+            return entry  # type: ignore[return-value]
+        assert isinstance(entry, InFlight)
+        now = trio.current_time()
+        entry.deadline = min(now + extend, entry.delivered_at + cap)
+        heappush(self._deadlines, (entry.deadline, next(_seq), entry))
+        if entry.deadline < self.next_wake:
+            self.topic.broker.schedule(self, entry.deadline)
+        return Outcome.OK
+
+    def bury(self, consumer: Consumer | None, msg_id: int, priority: int | None = None) -> Outcome:
+        entry = self._owned(consumer, msg_id)
+        if entry.__class__ is Outcome:
+            return entry  # type: ignore[return-value]
+        assert isinstance(entry, InFlight)
+        del self.in_flight[msg_id]
+        if priority is not None:
+            entry.message.priority = priority
+        self._bury(entry.message)
+        self._release_slot(entry.consumer)
+        return Outcome.OK
+
+    def _bury(self, msg: Message) -> None:
+        msg.deliver_at = 0.0
+        self.buried[msg.id] = msg
+        self.bury_count += 1
+        if self._store is not None:
+            self._store.update(self.topic.name, self.name, msg, buried=True)
+
+    def _return(self, msg: Message, delay: float, now: float) -> None:
+        """Back to ready or deferred after a requeue or timeout; past max_attempts, buried."""
+        if self.max_attempts and msg.attempts >= self.max_attempts:
+            self._bury(msg)
+            return
+        if delay > 0:
+            msg.deliver_at = now + delay
+            self._defer(msg)
+        else:
+            msg.deliver_at = 0.0
+            self.ready.push(msg)
+        if self._store is not None:
+            self._store.update(self.topic.name, self.name, msg)
+
+    # -- dead letters ----------------------------------------------------------
+
+    def kick(self, bound: int) -> int:
+        """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
+        deferred ones are made ready now. Returns how many were kicked."""
+        kicked = 0
+        if self.buried:
+            while self.buried and kicked < bound:
+                msg_id = next(iter(self.buried))
+                self._kick_buried(self.buried.pop(msg_id))
+                kicked += 1
+        else:
+            while self.deferred and kicked < bound:
+                msg = heappop(self.deferred)[2]
+                self._ready_now(msg)
+                kicked += 1
+        self._dispatch()
+        return kicked
+
+    def kick_message(self, msg_id: int) -> bool:
+        msg = self.buried.pop(msg_id, None)
+        if msg is not None:
+            self._kick_buried(msg)
+        else:
+            for i, entry in enumerate(self.deferred):
+                if entry[1] == msg_id:
+                    self.deferred[i] = self.deferred[-1]
+                    self.deferred.pop()
+                    heapify(self.deferred)
+                    self._ready_now(entry[2])
+                    break
+            else:
+                return False
+        self._dispatch()
+        return True
+
+    def _kick_buried(self, msg: Message) -> None:
+        self.kick_count += 1
+        self._ready_now(msg)
+
+    def _ready_now(self, msg: Message) -> None:
+        msg.deliver_at = 0.0
+        self.ready.push(msg)
+        if self._store is not None:
+            self._store.update(self.topic.name, self.name, msg)
+
+    # -- administration ------------------------------------------------------
+
+    def find(self, msg_id: int) -> tuple[str, Message] | None:
+        """Where a message is: 'reserved', 'ready', 'delayed' or 'buried' (O(n) but in-flight)."""
+        entry = self.in_flight.get(msg_id)
+        if entry is not None:
+            return "reserved", entry.message
+        msg = self.buried.get(msg_id)
+        if msg is not None:
+            return "buried", msg
+        for _, i, msg in self.deferred:
+            if i == msg_id:
+                return "delayed", msg
+        for msg in self.ready:
+            if msg.id == msg_id:
+                return "ready", msg
+        return None
+
+    def delete(self, msg_id: int) -> bool:
+        """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
+        found = self.find(msg_id)
+        if found is None or found[0] == "reserved":
+            return False
+        state, msg = found
+        if state == "buried":
+            del self.buried[msg_id]
+        elif state == "delayed":
+            self.deferred = [e for e in self.deferred if e[1] != msg_id]
+            heapify(self.deferred)
+        else:
+            self.ready.remove(msg)
+        if self._store is not None:
+            self._store.remove(self.topic.name, self.name, (msg_id,))
+        return True
+
+    def empty(self) -> None:
+        """Drop every message: ready, deferred, buried and in flight (as nsqd's channel empty
+        does: FIN of a message that was in flight then fails)."""
+        self.ready.clear()
+        self.deferred.clear()
+        self.buried.clear()
+        self.in_flight.clear()
+        self._deadlines.clear()
+        for c in self.consumers:
+            c.in_flight = 0
+            self._offer(c)
+        if self._store is not None:
+            self._store.clear(self.topic.name, self.name)
+
+    def pause(self) -> None:
+        self.paused = True
+        if self._store is not None:
+            self._store.set_paused(self.topic.name, self.name, True)
+
+    def unpause(self) -> None:
+        self.paused = False
+        if self._store is not None:
+            self._store.set_paused(self.topic.name, self.name, False)
+        self._dispatch()
+
+    def close(self) -> None:
+        """The group is deleted: its consumers get nothing more."""
+        self.deleted = True
+        for c in self.consumers:
+            c.attached = False
+        self.consumers.clear()
+        self._waiting.clear()
+
+    # -- timers ----------------------------------------------------------------
+
+    def on_timer(self, now: float) -> None:
+        """Called by the broker's timer task: expire deadlines, promote deferred messages."""
+        self.next_wake = _INF
+        if self.deleted:
+            return
+        deadlines = self._deadlines
+        in_flight = self.in_flight
+        while deadlines and deadlines[0][0] <= now:
+            deadline, _, entry = heappop(deadlines)
+            msg = entry.message
+            if in_flight.get(msg.id) is not entry or entry.deadline != deadline:
+                continue  # finished, requeued or touched since
+            del in_flight[msg.id]
+            self.timeout_count += 1
+            self._return(msg, 0.0, now)
+            c = entry.consumer
+            c.in_flight -= 1
+            if c.attached and not c.waiting and c.in_flight < c.ready:
+                c.waiting = True
+                self._waiting.append(c)
+        if len(deadlines) > 2 * len(in_flight) + 4096:
+            self.compact_deadlines()
+            deadlines = self._deadlines
+        deferred = self.deferred
+        while deferred and deferred[0][0] <= now:
+            msg = heappop(deferred)[2]
+            msg.deliver_at = 0.0
+            self.ready.push(msg)
+        self._dispatch()
+        nxt = min(deadlines[0][0] if deadlines else _INF, deferred[0][0] if deferred else _INF)
+        if nxt < _INF:
+            self.topic.broker.schedule(self, nxt)
+
+    def compact_deadlines(self) -> None:
+        """Drop deadline entries of deliveries that were finished, requeued or touched."""
+        in_flight = self.in_flight
+        live = [
+            e
+            for e in self._deadlines
+            if in_flight.get(e[2].message.id) is e[2] and e[2].deadline == e[0]
+        ]
+        heapify(live)
+        self._deadlines = live
+
+    # -- views -----------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return len(self.ready)
+
+    def iter_messages(self) -> Iterator[Message]:
+        yield from self.ready
+        for entry in self.deferred:
+            yield entry[2]

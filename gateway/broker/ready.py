@@ -1,0 +1,126 @@
+"""The ready queue of a group: messages popped in (priority, id) order.
+
+Ids grow with publish order, so nearly every message arrives in order: each priority keeps
+a FIFO lane, and appending keeps it sorted. Only a message that comes back with an id
+smaller than its lane's tail (a requeue, a promoted deferral, a kick) goes to a small heap.
+The common path is then O(1) deque work instead of heapq's O(log n) tuple comparisons on
+every publish and every delivery, which at 10^5 messages a second is most of a core.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+from collections.abc import Iterator
+from heapq import heapify, heappop, heappush
+
+from gateway.model import Message
+
+
+class ReadyQueue:
+    __slots__ = ("_lanes", "_late", "_len", "_priorities")
+
+    def __init__(self) -> None:
+        self._lanes: dict[int, deque[Message]] = {}
+        self._priorities: list[int] = []  # sorted; the priorities whose lane is not empty
+        self._late: list[tuple[int, int, Message]] = []
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def push(self, msg: Message) -> None:
+        lane = self._lanes.get(msg.priority)
+        if lane is None:
+            lane = self._lanes[msg.priority] = deque()
+            insort(self._priorities, msg.priority)
+        if lane and lane[-1].id > msg.id:
+            heappush(self._late, (msg.priority, msg.id, msg))
+        else:
+            lane.append(msg)
+        self._len += 1
+
+    def extend(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            self.push(msg)
+
+    def _best_lane(self) -> tuple[int, deque[Message]] | None:
+        if not self._priorities:
+            return None
+        p = self._priorities[0]
+        return p, self._lanes[p]
+
+    def peek(self) -> Message | None:
+        best = self._best_lane()
+        late = self._late
+        if best is None:
+            return late[0][2] if late else None
+        p, lane = best
+        head = lane[0]
+        if late and (late[0][0], late[0][1]) < (p, head.id):
+            return late[0][2]
+        return head
+
+    def pop(self) -> Message:
+        """Remove and return the most urgent message; IndexError when empty."""
+        late = self._late
+        if self._priorities:
+            p = self._priorities[0]
+            lane = self._lanes[p]
+            head = lane[0]
+            if not late or (p, head.id) < (late[0][0], late[0][1]):
+                lane.popleft()
+                if not lane:
+                    del self._lanes[p]
+                    del self._priorities[0]
+                self._len -= 1
+                return head
+        msg = heappop(late)[2]
+        self._len -= 1
+        return msg
+
+    def remove(self, msg: Message) -> bool:
+        """Remove one message wherever it is (O(n): admin and beanstalkd delete paths only)."""
+        lane = self._lanes.get(msg.priority)
+        if lane is not None:
+            try:
+                lane.remove(msg)
+            except ValueError:
+                pass
+            else:
+                if not lane:
+                    del self._lanes[msg.priority]
+                    self._priorities.remove(msg.priority)
+                self._len -= 1
+                return True
+        for i, entry in enumerate(self._late):
+            if entry[2] is msg:
+                self._late[i] = self._late[-1]
+                self._late.pop()
+                heapify(self._late)
+                self._len -= 1
+                return True
+        return False
+
+    def clear(self) -> list[Message]:
+        out = list(self)
+        self._lanes.clear()
+        self._priorities.clear()
+        self._late.clear()
+        self._len = 0
+        return out
+
+    def __iter__(self) -> Iterator[Message]:
+        """All messages, in no particular order (stats, snapshots)."""
+        for lane in self._lanes.values():
+            yield from lane
+        for entry in self._late:
+            yield entry[2]
+
+    def count_below(self, priority: int) -> int:
+        """How many ready messages are more urgent than `priority` (beanstalkd's urgent count)."""
+        n = sum(len(lane) for p, lane in self._lanes.items() if p < priority)
+        return n + sum(1 for entry in self._late if entry[0] < priority)

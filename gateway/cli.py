@@ -1,0 +1,118 @@
+"""`gateway serve | check-config`: the command-line contract of DESIGN.md."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+from pydantic import ValidationError
+
+from gateway import __version__, config
+from gateway.app import Gateway
+
+_LISTENER_FLAGS = ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="Protocol-translating message gateway"
+    )
+    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    serve.add_argument("--data-dir", metavar="DIR")
+    serve.add_argument("--store", metavar="URL", help="memory://")
+    for name in _LISTENER_FLAGS:
+        serve.add_argument(
+            f"--{name}", metavar="ADDR", help="host:port, port 0 = any free port, 'off' = disabled"
+        )
+    serve.add_argument("--nats-routes", metavar="URL[,URL...]")
+    serve.add_argument("--nats-cluster", metavar="NAME")
+    serve.add_argument("--tls-cert", metavar="FILE")
+    serve.add_argument("--tls-key", metavar="FILE")
+    serve.add_argument("--log-level", metavar="LEVEL")
+    check = sub.add_parser(
+        "check-config", help="validate a configuration file and print every error"
+    )
+    check.add_argument("file")
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> dict[str, object]:
+    flags: dict[str, object] = {
+        "data_dir": args.data_dir,
+        "store": args.store,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "log_level": args.log_level,
+        "nats_cluster": args.nats_cluster,
+    }
+    for name in _LISTENER_FLAGS:
+        flags[name.replace("-", "_")] = getattr(args, name.replace("-", "_"))
+    if args.nats_routes:
+        flags["nats_routes"] = [u.strip() for u in args.nats_routes.split(",") if u.strip()]
+    return flags
+
+
+async def _serve(gateway: Gateway) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gateway.serve)
+            async for signum in signals:
+                logging.getLogger("gateway").info(
+                    "signal %s: shutting down", signal.Signals(signum).name
+                )
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.file)
+    try:
+        settings = config.load(args.config, _flags(args))
+    except ValidationError as exc:
+        for line in config.describe_errors(exc):
+            print(f"config error: {line}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if settings.store is None:
+        logging.getLogger("gateway").warning(
+            "no --store given: using memory:// (this build has no durable store yet)"
+        )
+    try:
+        gateway = Gateway(settings)
+        trio.run(_serve, gateway)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_config(path: str) -> int:
+    try:
+        config.load(path, environ={})
+    except ValidationError as exc:
+        errors = config.describe_errors(exc)
+        for line in errors:
+            print(f"{path}: {line}")
+        print(f"{path}: {len(errors)} error(s)")
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}")
+        return 1
+    print(f"{path}: ok")
+    return 0

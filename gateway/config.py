@@ -1,0 +1,185 @@
+"""Settings: a TOML file, then command-line flags, then GATEWAY_* environment variables.
+
+Every limit is a setting with nsqd's (or the relevant server's) default, so a gateway
+started with no configuration behaves like the servers its clients expect.
+
+Environment names: top-level keys as `GATEWAY_<KEY>` (GATEWAY_NSQ, GATEWAY_TLS_CERT,
+GATEWAY_STORE, ...), section keys as `GATEWAY_<SECTION>__<KEY>`
+(GATEWAY_NSQD__MAX_MSG_SIZE). Lists in the environment are comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+OFF = "off"
+# Listeners that this build does not have yet: their setting exists so scripts can say
+# `--http off`, and anything but "off" is refused rather than silently ignored.
+NOT_YET_BUILT = ("http", "beanstalk", "nats", "nats_route", "rocketmq")
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """`host:port` (IPv6 as `[::1]:port`) -> (host, port). Port 0 picks a free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address must be host:port or 'off', got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    number = int(port)
+    if number > 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, number
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NSQDSettings(_Section):
+    """NSQ TCP behaviour; names and defaults follow nsqd 1.3.0's flags (ms for durations)."""
+
+    max_msg_size: int = Field(1048576, ge=1)
+    max_body_size: int = Field(5242880, ge=1)
+    max_rdy_count: int = Field(2500, ge=1)
+    msg_timeout: int = Field(60000, ge=1000)
+    max_msg_timeout: int = Field(900000, ge=1000)
+    max_req_timeout: int = Field(3600000, ge=0)
+    client_timeout: int = Field(60000, ge=2000)  # the default heartbeat is half of it
+    max_heartbeat_interval: int = Field(60000, ge=1000)
+    max_output_buffer_size: int = Field(65536, ge=64)
+    max_output_buffer_timeout: int = Field(30000, ge=1)
+    min_output_buffer_timeout: int = Field(25, ge=1)
+    snappy: bool = True
+    deflate: bool = True
+    max_deflate_level: int = Field(6, ge=1, le=9)
+    tls_required: bool = False
+    auth_http_addresses: list[str] = Field(default_factory=list)
+    auth_http_request_method: Literal["get", "post"] = "get"
+    max_line_length: int = Field(16384, ge=64)
+    max_output_bytes: int = Field(4 * 1024 * 1024, ge=65536)
+    hostname: str = "localhost"
+
+
+class BrokerSettings(_Section):
+    max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
+
+
+class Settings(_Section):
+    config: str | None = None
+    data_dir: str = "./data"
+    store: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    nsq: str = "127.0.0.1:4150"
+    http: str = OFF
+    beanstalk: str = OFF
+    nats: str = OFF
+    nats_route: str = OFF
+    nats_routes: list[str] = Field(default_factory=list)
+    nats_cluster: str | None = None
+    rocketmq: str = OFF
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    nsqd: NSQDSettings = Field(default_factory=NSQDSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+
+    @field_validator("nsq")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value != OFF:
+            parse_address(value)
+        return value
+
+    @field_validator(*NOT_YET_BUILT)
+    @classmethod
+    def _not_built(cls, value: str) -> str:
+        if value != OFF:
+            raise ValueError("this build has no such listener yet; only 'off' is accepted")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
+
+    def address(self, listener: str) -> tuple[str, int] | None:
+        value = getattr(self, listener)
+        return None if value == OFF else parse_address(value)
+
+
+_SECTIONS = {"nsqd": NSQDSettings, "broker": BrokerSettings}
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith("GATEWAY_"):
+            continue
+        name = key[len("GATEWAY_") :].lower()
+        section, sep, field = name.partition("__")
+        if sep:
+            model = _SECTIONS.get(section)
+            if model is None or field not in model.model_fields:
+                continue
+            out.setdefault(section, {})[field] = _env_value(model, field, raw)
+        elif name in Settings.model_fields and name not in _SECTIONS:
+            out[name] = _env_value(Settings, name, raw)
+    return out
+
+
+def _env_value(model: type[BaseModel], field: str, raw: str) -> Any:
+    annotation = str(model.model_fields[field].annotation)
+    if annotation.startswith("list"):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    return raw
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def load(
+    config_file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """File, then flags, then environment. Raises ValidationError listing every problem."""
+    data: dict[str, Any] = {}
+    environ = os.environ if environ is None else environ
+    config_file = config_file or environ.get("GATEWAY_CONFIG")
+    if config_file:
+        data = read_file(config_file)
+        data["config"] = str(config_file)
+    data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
+    data = _merge(data, _env_overrides(environ))
+    return Settings.model_validate(data)
+
+
+def describe_errors(error: ValidationError) -> list[str]:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(file)"
+        lines.append(f"{where}: {item['msg']}")
+    return lines

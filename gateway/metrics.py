@@ -1,0 +1,44 @@
+"""Prometheus collectors shared by every listener.
+
+One registry per gateway process (tests build several gateways in one process, so the
+collectors are not registered in prometheus_client's global default registry).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Gauge(
+            "gateway_open_connections",
+            "Open client connections",
+            ["protocol"],
+            registry=self.registry,
+        )
+        self.connections_total = Counter(
+            "gateway_connections_total",
+            "Client connections accepted",
+            ["protocol"],
+            registry=self.registry,
+        )
+        self.protocol_errors = Counter(
+            "gateway_protocol_errors_total",
+            "Bad input answered with the protocol's error reply",
+            ["protocol", "code"],
+            registry=self.registry,
+        )
+        self.bytes_in = Counter(
+            "gateway_bytes_received_total", "Bytes read", ["protocol"], registry=self.registry
+        )
+        self.bytes_out = Counter(
+            "gateway_bytes_sent_total", "Bytes written", ["protocol"], registry=self.registry
+        )
+
+    def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
+        """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...)."""
+        text = frame_text.decode("latin-1") if isinstance(frame_text, bytes) else frame_text
+        code = text.split(" ", 1)[0] or "unknown"
+        self.protocol_errors.labels(protocol, code[:40]).inc()

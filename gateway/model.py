@@ -1,0 +1,79 @@
+"""The internal message model shared by every protocol.
+
+A `Message` is created once per publish and copied (shallowly: the body is shared) for
+each group of its topic, because attempts, priority and deferral are per group.
+The class is slotted and plain on purpose: it sits on the hot path, a pydantic model or
+a dataclass with validation would cost several microseconds per message.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_PRIORITY: Final = 1024  # beanstalkd's conventional default, and the model's
+MAX_PRIORITY: Final = 2**32 - 1  # beanstalkd priorities are uint32
+
+
+class Message:
+    __slots__ = (
+        "attempts",
+        "body",
+        "deliver_at",
+        "headers",
+        "id",
+        "origin",
+        "priority",
+        "reply_to",
+        "timestamp",
+        "topic",
+        "ttr",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        topic: str,
+        body: bytes,
+        timestamp: int,
+        *,
+        headers: dict[str, str] | None = None,
+        attempts: int = 0,
+        priority: int = DEFAULT_PRIORITY,
+        deliver_at: float = 0.0,
+        ttr: float = 0.0,
+        reply_to: str | None = None,
+        origin: str = "",
+    ) -> None:
+        self.id = id  # 64-bit, unique per gateway; NSQ shows it as 16 hex digits
+        self.topic = topic
+        self.body = body  # never re-encoded
+        self.timestamp = timestamp  # wall clock, ns since the epoch, set at publish
+        self.headers = headers
+        self.attempts = attempts  # deliveries so far (in this group)
+        self.priority = priority  # 0 is most urgent
+        self.deliver_at = deliver_at  # broker clock (trio); 0 = deliverable now
+        self.ttr = ttr  # per-message processing timeout in seconds; 0 = the consumer's
+        self.reply_to = reply_to
+        self.origin = origin  # "<protocol> <peer>", for the archive and stats
+
+    def copy(self) -> Message:
+        """A copy for another group: shares body and headers, owns the per-group fields."""
+        m = Message.__new__(Message)
+        m.id = self.id
+        m.topic = self.topic
+        m.body = self.body
+        m.timestamp = self.timestamp
+        m.headers = self.headers
+        m.attempts = self.attempts
+        m.priority = self.priority
+        m.deliver_at = self.deliver_at
+        m.ttr = self.ttr
+        m.reply_to = self.reply_to
+        m.origin = self.origin
+        return m
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self.id}, topic={self.topic!r}, body={self.body[:32]!r}, "
+            f"attempts={self.attempts}, priority={self.priority})"
+        )

@@ -1,0 +1,1 @@
+"""NSQ: the nsqd TCP protocol V2 (codec, session, listener)."""

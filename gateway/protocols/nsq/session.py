@@ -1,0 +1,487 @@
+"""One NSQ TCP connection: reads commands, applies them to the broker, writes frames.
+
+Three tasks per connection: the reader (parse every complete command of one receive,
+apply them all, then acknowledge publishes after one store flush), the writer (sends
+everything queued since its last send in one `send_all`, which is where throughput comes
+from: deliveries, responses and heartbeats of a whole batch leave in one write), and the
+heartbeat ticker. Deliveries arrive from the broker synchronously through `deliver()`,
+which only appends a frame and wakes the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+
+import trio
+
+from gateway.broker import Consumer, Group, Outcome
+from gateway.model import Message
+from gateway.protocols.nsq import events as ev
+from gateway.protocols.nsq.auth import AuthFailed, AuthState
+from gateway.protocols.nsq.codec import (
+    CLOSE_WAIT_FRAME,
+    HEARTBEAT_FRAME,
+    OK_FRAME,
+    NSQServerCodec,
+    State,
+    error_frame,
+    message_frame,
+    response_frame,
+)
+from gateway.protocols.nsq.compression import CompressionError, DeflateStream, SnappyStream
+from gateway.protocols.nsq.names import is_ephemeral
+from gateway.protocols.nsq.negotiation import (
+    IdentifyError,
+    Identity,
+    identify,
+    negotiation_response,
+)
+from gateway.protocols.nsq.server import NSQServer
+
+log = logging.getLogger("gateway.nsq")
+
+_RECEIVE_SIZE = 65536
+_TLS_HANDSHAKE_TIMEOUT = 5.0  # nsqd's deadline for the upgrade handshake
+_NOT_IN_FLIGHT = b"ID not in flight"
+_NOT_OWNER = b"client does not own message"
+
+
+class _Close(Exception):
+    """End the connection after sending what is queued (`frame`: a last error frame)."""
+
+    def __init__(self, frame: bytes | None = None) -> None:
+        self.frame = frame
+
+
+def _parse_id(raw: bytes) -> int | None:
+    """Message ids are 16 lowercase hex digits; anything else is simply not in flight."""
+    try:
+        value = int(raw, 16)
+    except ValueError:
+        return None
+    return value if b"%016x" % value == raw else None
+
+
+class NSQSession:
+    def __init__(self, server: NSQServer, stream: trio.abc.Stream, remote: str) -> None:
+        self.server = server
+        self.stream: trio.abc.Stream = stream
+        self.remote = remote  # "ip:port"
+        self.remote_ip = remote.rsplit(":", 1)[0].strip("[]")
+        self.codec = NSQServerCodec(server.limits)
+        self.codec.tls_required = server.tls_required and server.ssl_context is not None
+        self.connect_ts = int(time.time())
+        # identity, as /stats shows it; the default client_id is the remote address
+        self.client_id = self.remote_ip
+        self.hostname = ""
+        self.user_agent = ""
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self.sample_rate = 0
+        self.msg_timeout = server.features.msg_timeout / 1000
+        self.heartbeat_interval = server.features.heartbeat_interval / 1000
+        self.auth_state: AuthState | None = None
+        # subscription
+        self.group: Group | None = None
+        self.consumer: Consumer | None = None
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        # output
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._wake = trio.Event()
+        self._drained = trio.Event()
+        self._encode: Callable[[bytes], bytes] | None = None
+        self._send_lock = trio.Lock()
+        self._holding = False  # a command batch is running: the writer waits for it
+        self._next_heartbeat = 0.0
+        self._heartbeat_scope: trio.CancelScope | None = None
+        self._read_deadline = math.inf
+        self._metrics = server.metrics
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def run(self) -> None:
+        m = self._metrics
+        m.connections.labels("nsq").inc()
+        m.connections_total.labels("nsq").inc()
+        self.server.sessions.add(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                nursery.start_soon(self._heartbeats)
+                await self._reader()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.server.sessions.discard(self)
+            m.connections.labels("nsq").dec()
+            if self.consumer is not None and self.group is not None:
+                # nsqd leaves a leaving client's messages in flight until their timeout
+                self.group.detach(self.consumer, requeue=False)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    async def _reader(self) -> None:
+        now = trio.current_time()
+        self._read_deadline = self._silence_deadline(now)
+        self._next_heartbeat = now + self.heartbeat_interval
+        bytes_in = self._metrics.bytes_in.labels("nsq")
+        try:
+            while True:
+                if self._out_bytes > self.server.max_output_bytes:
+                    # the client does not read: stop reading its commands too
+                    with trio.move_on_at(self._read_deadline):
+                        await self._drained.wait()
+                with trio.move_on_at(self._read_deadline) as scope:
+                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                if scope.cancelled_caught:
+                    return  # two heartbeat intervals of silence: close without a frame
+                if not data:
+                    return
+                bytes_in.inc(len(data))
+                try:
+                    self.codec.receive_data(data)
+                except CompressionError:
+                    return  # nsqd drops the connection silently on a corrupt stream
+                await self._process()
+        except _Close as close:
+            if close.frame is not None:
+                self._metrics.protocol_error("nsq", close.frame[8:])
+                self._out.append(close.frame)
+            with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
+                await self._flush_output(force=True)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+    def _silence_deadline(self, now: float) -> float:
+        # nsqd's read deadline: two heartbeat intervals after the last command line
+        return now + 2 * self.heartbeat_interval if self.heartbeat_interval > 0 else math.inf
+
+    # -- commands ----------------------------------------------------------------
+
+    async def _process(self) -> None:
+        """Apply every complete command of one receive.
+
+        Replies and deliveries go into one outbox in the order they happen (a client must
+        see SUB's OK before the first message). While a batch runs the writer holds the
+        outbox back, and a batch that published awaits one store flush before releasing
+        it: that is the group commit, and no OK leaves before its message is stored.
+        """
+        codec = self.codec
+        out = self._out
+        published = False
+        got_command = False
+        self._holding = True
+        try:
+            while True:
+                event = codec.next_event()
+                if event is None:
+                    break
+                got_command = True
+                cls = event.__class__
+                if cls is ev.Fin:
+                    self._fin(event)  # type: ignore[arg-type]
+                elif cls is ev.Pub:
+                    await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
+                    self._publish(event.topic, [event.body])  # type: ignore[union-attr]
+                    self._out.append(OK_FRAME)
+                    published = True
+                elif cls is ev.Rdy:
+                    if self.consumer is not None:
+                        self.consumer.set_ready(event.count)  # type: ignore[union-attr]
+                elif cls is ev.Mpub:
+                    self._publish(event.topic, event.bodies)  # type: ignore[union-attr]
+                    self._out.append(OK_FRAME)
+                    published = True
+                elif cls is ev.MpubStart:
+                    await self._check_auth("MPUB", event.topic, "")  # type: ignore[union-attr]
+                elif cls is ev.Req:
+                    self._req(event)  # type: ignore[arg-type]
+                elif cls is ev.Touch:
+                    self._touch(event)  # type: ignore[arg-type]
+                elif cls is ev.Nop:
+                    pass
+                elif cls is ev.Dpub:
+                    await self._check_auth("DPUB", event.topic, "")  # type: ignore[union-attr]
+                    self._publish(event.topic, [event.body], event.defer_ms / 1000)  # type: ignore[union-attr]
+                    self._out.append(OK_FRAME)
+                    published = True
+                elif cls is ev.Sub:
+                    await self._sub(event)  # type: ignore[arg-type]
+                elif cls is ev.Cls:
+                    if self.consumer is not None:
+                        self.consumer.set_ready(0)
+                    self._out.append(CLOSE_WAIT_FRAME)
+                elif cls is ev.Identify:
+                    await self._identify(event)  # type: ignore[arg-type]
+                elif cls is ev.Auth:
+                    await self._auth(event)  # type: ignore[arg-type]
+                elif cls is ev.ProtocolError:
+                    raise _Close(event.frame)  # type: ignore[union-attr]
+        finally:
+            if got_command:
+                self._read_deadline = self._silence_deadline(trio.current_time())
+            if published:
+                # Group commit: one store flush acknowledges every publish of this batch.
+                await self.server.broker.flush()
+            self._holding = False
+            del out
+        if self._out:
+            self._wake.set()
+
+    def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
+        self.server.broker.publish(
+            topic,
+            bodies,
+            delay=delay,
+            origin=f"nsq {self.remote}",
+            ephemeral=is_ephemeral(topic),
+        )
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def _fin(self, event: ev.Fin) -> None:
+        msg_id = _parse_id(event.msg_id)
+        assert self.group is not None
+        outcome = (
+            Outcome.NOT_IN_FLIGHT if msg_id is None else self.group.finish(self.consumer, msg_id)
+        )
+        if outcome:
+            self._out.append(self._failed(b"E_FIN_FAILED FIN", event.msg_id, outcome))
+        else:
+            self.finish_count += 1
+
+    def _req(self, event: ev.Req) -> None:
+        msg_id = _parse_id(event.msg_id)
+        assert self.group is not None
+        # nsqd clamps a REQ timeout past max-req-timeout silently (pynsq's default backoff
+        # of 90 s x attempts passes one hour after 40 attempts)
+        delay = min(event.timeout_ms, self.server.max_req_timeout) / 1000
+        outcome = (
+            Outcome.NOT_IN_FLIGHT
+            if msg_id is None
+            else self.group.requeue(self.consumer, msg_id, delay)
+        )
+        if outcome:
+            self._out.append(self._failed(b"E_REQ_FAILED REQ", event.msg_id, outcome))
+        else:
+            self.requeue_count += 1
+
+    def _touch(self, event: ev.Touch) -> None:
+        msg_id = _parse_id(event.msg_id)
+        assert self.group is not None
+        outcome = (
+            Outcome.NOT_IN_FLIGHT
+            if msg_id is None
+            else self.group.touch(
+                self.consumer, msg_id, self.msg_timeout, self.server.max_msg_timeout / 1000
+            )
+        )
+        if outcome:
+            self._out.append(self._failed(b"E_TOUCH_FAILED TOUCH", event.msg_id, outcome))
+
+    def _failed(self, prefix: bytes, msg_id: bytes, outcome: Outcome) -> bytes:
+        reason = _NOT_OWNER if outcome is Outcome.NOT_OWNER else _NOT_IN_FLIGHT
+        text = b"%s %s failed %s" % (prefix, msg_id, reason)
+        self._metrics.protocol_error("nsq", text)
+        return error_frame(text)
+
+    async def _sub(self, event: ev.Sub) -> None:
+        await self._check_auth("SUB", event.topic, event.channel)
+        group = self.server.broker.group(
+            event.topic,
+            event.channel,
+            ephemeral_topic=is_ephemeral(event.topic),
+            ephemeral=is_ephemeral(event.channel),
+        )
+        self.group = group
+        self.consumer = group.attach(self, self.msg_timeout)
+        self._out.append(OK_FRAME)
+
+    async def _identify(self, event: ev.Identify) -> None:
+        features = self.server.features
+        try:
+            identity = identify(event.body, features, self.remote_ip)
+        except IdentifyError as exc:
+            raise _Close(error_frame(str(exc).encode())) from None
+        if identity.snappy and identity.deflate:
+            raise _Close(
+                error_frame(b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+            )
+        self._apply_identity(identity)
+        if not identity.feature_negotiation:
+            self._out.append(OK_FRAME)
+            self.codec.resume()
+            return
+        self._out.append(response_frame(negotiation_response(identity, features)))
+        if not (identity.tls_v1 or identity.snappy or identity.deflate):
+            self.codec.resume()
+            return
+        # Upgrades: the JSON goes out in plain text first, then each step answers OK in
+        # its new framing (nsq.md section 9). The client sends nothing until each OK.
+        await self._flush_output(force=True)
+        if identity.tls_v1:
+            await self._upgrade_tls()
+            await self._send_now([OK_FRAME])
+        if identity.snappy:
+            snappy = SnappyStream()
+            self.codec.set_decoder(snappy.decode)
+            self._encode = snappy.encode
+            self.snappy = True
+            await self._send_now([OK_FRAME])
+        if identity.deflate:
+            deflate = DeflateStream(identity.deflate_level)
+            self.codec.set_decoder(deflate.decode)
+            self._encode = deflate.encode
+            self.deflate = True
+            await self._send_now([OK_FRAME])
+        self.codec.resume()
+
+    def _apply_identity(self, identity: Identity) -> None:
+        self.client_id = identity.client_id
+        self.hostname = identity.hostname
+        self.user_agent = identity.user_agent
+        self.sample_rate = identity.sample_rate
+        self.msg_timeout = identity.msg_timeout / 1000
+        if self.consumer is not None:
+            self.consumer.timeout = self.msg_timeout
+        now = trio.current_time()
+        if identity.heartbeat_interval == -1:
+            self.codec.heartbeats_disabled = True
+            self.heartbeat_interval = 0.0
+            self._next_heartbeat = math.inf
+        else:
+            self.codec.heartbeats_disabled = False
+            self.heartbeat_interval = identity.heartbeat_interval / 1000
+            self._next_heartbeat = now + self.heartbeat_interval
+        if self._heartbeat_scope is not None:
+            self._heartbeat_scope.deadline = self._next_heartbeat
+
+    async def _upgrade_tls(self) -> None:
+        assert self.server.ssl_context is not None
+        if self.codec.buffered:
+            raise _Close()  # the client must wait for the JSON before its TLS hello
+        async with self._send_lock:
+            tls_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
+            with trio.move_on_after(_TLS_HANDSHAKE_TIMEOUT) as scope:
+                try:
+                    await tls_stream.do_handshake()
+                except trio.BrokenResourceError:
+                    raise _Close() from None
+            if scope.cancelled_caught:
+                raise _Close()
+            self.stream = tls_stream
+        self.tls = True
+        self.codec.tls_required = False
+
+    async def _auth(self, event: ev.Auth) -> None:
+        if self.auth_state is not None:
+            raise _Close(error_frame(b"E_INVALID AUTH already set"))
+        auth = self.server.auth
+        if auth is None:
+            raise _Close(error_frame(b"E_AUTH_DISABLED AUTH disabled"))
+        state = await self._query_auth(event.secret)
+        if not state.authorizations:
+            raise _Close(error_frame(b"E_UNAUTHORIZED AUTH no authorizations found"))
+        self.auth_state = state
+        self._secret = event.secret
+        self._out.append(response_frame(state.response_json()))
+
+    async def _query_auth(self, secret: bytes) -> AuthState:
+        assert self.server.auth is not None
+        try:
+            return await self.server.auth.query(
+                secret.decode("utf-8", "surrogateescape"), self.remote_ip, self.tls
+            )
+        except AuthFailed:
+            raise _Close(error_frame(b"E_AUTH_FAILED AUTH failed")) from None
+
+    async def _check_auth(self, cmd: str, topic: str, channel: str) -> None:
+        if self.server.auth is None:
+            return
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise _Close(error_frame(f"E_AUTH_FIRST AUTH required before {cmd}".encode()))
+        if state.is_expired(trio.current_time()):
+            state = self.auth_state = await self._query_auth(self._secret)
+        if not state.is_allowed(topic, channel, "subscribe" if cmd == "SUB" else "publish"):
+            raise _Close(
+                error_frame(
+                    f'E_UNAUTHORIZED AUTH failed for {cmd} on "{topic}" "{channel}"'.encode()
+                )
+            )
+
+    # -- delivery (called by the broker, synchronously) --------------------------
+
+    def deliver(self, message: Message, consumer: Consumer) -> bool:
+        # sample_rate N: nsqd drops about (99-N)% of this client's messages for the channel
+        if self.sample_rate and random.randrange(100) > self.sample_rate:
+            return False
+        frame = message_frame(
+            message.timestamp, message.attempts, b"%016x" % message.id, message.body
+        )
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        self.message_count += 1
+        self._wake.set()
+        return True
+
+    # -- output --------------------------------------------------------------------
+
+    def _queue(self, frames: list[bytes]) -> None:
+        self._out.extend(frames)
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        bytes_out = self._metrics.bytes_out.labels("nsq")
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            sent = await self._flush_output()
+            bytes_out.inc(sent)
+
+    async def _flush_output(self, *, force: bool = False) -> int:
+        sent = 0
+        if self._holding and not force:
+            return 0  # the batch in progress wakes the writer when it is done
+        async with self._send_lock:
+            while self._out:
+                chunks = self._out
+                self._out = []
+                self._out_bytes = 0
+                data = b"".join(chunks)
+                if self._encode is not None:
+                    data = self._encode(data)
+                sent += len(data)
+                await self.stream.send_all(data)
+            self._drained.set()
+            self._drained = trio.Event()
+        return sent
+
+    async def _send_now(self, frames: list[bytes]) -> None:
+        self._out.extend(frames)
+        await self._flush_output(force=True)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._next_heartbeat) as scope:
+                self._heartbeat_scope = scope
+                await trio.sleep_forever()
+            self._heartbeat_scope = None
+            if trio.current_time() >= self._next_heartbeat:
+                self._out.append(HEARTBEAT_FRAME)
+                self._wake.set()
+                self._next_heartbeat += self.heartbeat_interval
+
+    # -- views -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> int:
+        """nsqd's client state numbers for /stats: 2 connected, 3 subscribed, 4 closing."""
+        return {State.INIT: 2, State.SUBSCRIBED: 3, State.CLOSING: 4}.get(self.codec.state, 1)

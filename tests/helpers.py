@@ -1,0 +1,98 @@
+"""Shared test helpers: an in-process gateway and a raw NSQ connection."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from gateway import config
+from gateway.app import Gateway
+
+MAGIC = b"  V2"
+
+
+def be32(n: int) -> bytes:
+    return struct.pack(">i", n)
+
+
+def settings(**overrides: Any) -> config.Settings:
+    flags: dict[str, Any] = {"nsq": "127.0.0.1:0", "store": "memory://"}
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        section, sep, name = key.partition("__")
+        if sep:
+            sections.setdefault(section, {})[name] = value
+        else:
+            flags[key] = value
+    flags.update(sections)
+    return config.Settings.model_validate(flags)
+
+
+@asynccontextmanager
+async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
+    gateway = Gateway(settings(**overrides))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gateway.serve)
+        yield gateway
+        nursery.cancel_scope.cancel()
+
+
+class RawNSQ:
+    """A byte-level NSQ client for transcripts: send bytes, read whole frames."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    @classmethod
+    async def connect(cls, gateway: Gateway, magic: bytes = MAGIC) -> RawNSQ:
+        host, port = gateway.addresses["nsq"]
+        conn = cls(await trio.open_tcp_stream(host, port))
+        if magic:
+            await conn.send(magic)
+        return conn
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def identify(self, **fields: Any) -> tuple[int, bytes]:
+        body = json.dumps(fields).encode()
+        await self.send(b"IDENTIFY\n" + be32(len(body)) + body)
+        return await self.frame()
+
+    async def frame(self, timeout: float = 5.0) -> tuple[int, bytes]:
+        """The next frame as (type, data); raises EOFError when the server closed."""
+        with trio.fail_after(timeout):
+            while True:
+                if len(self.buf) >= 8:
+                    size, ftype = struct.unpack_from(">ii", self.buf)
+                    if len(self.buf) >= 4 + size:
+                        data = bytes(self.buf[8 : 4 + size])
+                        del self.buf[: 4 + size]
+                        return ftype, data
+                chunk = await self.stream.receive_some(65536)
+                if not chunk:
+                    raise EOFError("closed by the server")
+                self.buf += chunk
+
+    async def closed(self, timeout: float = 5.0) -> bool:
+        """True when the server closes the connection with nothing more sent."""
+        with trio.fail_after(timeout):
+            try:
+                chunk = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return True
+        return not chunk and not self.buf
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def parse_message(data: bytes) -> tuple[int, int, bytes, bytes]:
+    ts, attempts = struct.unpack_from(">qH", data)
+    return ts, attempts, data[10:26], data[26:]
