@@ -35,7 +35,6 @@ class Message:
         topic: str,
         body: bytes,
         timestamp: int,
-        *,
         headers: dict[str, str] | None = None,
         attempts: int = 0,
         priority: int = DEFAULT_PRIORITY,

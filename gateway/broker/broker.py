@@ -137,20 +137,10 @@ class Broker:
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
         first = self.last_id + 1
         self.last_id += len(bodies)
+        # positional arguments: this runs once per message on the publish hot path
         msgs = [
-            Message(
-                i,
-                topic,
-                body,
-                ts,
-                headers=headers,
-                priority=priority,
-                deliver_at=deliver_at,
-                ttr=ttr,
-                reply_to=reply_to,
-                origin=origin,
-            )
-            for i, body in zip(itertools.count(first), bodies, strict=False)
+            Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to, origin)
+            for i, body in zip(range(first, first + len(bodies)), bodies, strict=True)
         ]
         t.put(msgs)
         return msgs

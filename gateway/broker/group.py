@@ -8,7 +8,6 @@ sink, which only queues bytes and wakes its connection's writer.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Iterator
 from enum import IntEnum
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from gateway.broker.deadlines import Deadlines
 from gateway.broker.ready import ReadyQueue
 from gateway.model import Message
 
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from gateway.broker.topic import Topic
 
 _INF = float("inf")
-_seq = itertools.count()
 
 
 class Outcome(IntEnum):
@@ -87,7 +86,7 @@ class Group:
         self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest
         self.consumers: list[Consumer] = []
         self._waiting: deque[Consumer] = deque()  # consumers with room, round-robin
-        self._deadlines: list[tuple[float, int, InFlight]] = []  # heap, stale entries skipped
+        self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
         self._store = None if ephemeral else topic.broker.store
         # counters, the same for every protocol that touches this group
@@ -101,16 +100,20 @@ class Group:
 
     # -- putting messages in -------------------------------------------------
 
-    def put(self, messages: list[Message], now: float) -> None:
-        """New messages (already recorded in the store by the topic)."""
+    def put(self, messages: list[Message], now: float, *, fresh: bool = False) -> None:
+        """New messages (already recorded in the store by the topic). `fresh`: one
+        publish, so one priority and one deliver_at, ids ascending."""
         self.message_count += len(messages)
-        ready = self.ready
-        for msg in messages:
-            if msg.deliver_at > now:
-                self._defer(msg)
-            else:
-                msg.deliver_at = 0.0
-                ready.push(msg)
+        if fresh and messages and messages[0].deliver_at == 0.0:
+            self.ready.extend(messages)
+        else:
+            ready = self.ready
+            for msg in messages:
+                if msg.deliver_at > now:
+                    self._defer(msg)
+                else:
+                    msg.deliver_at = 0.0
+                    ready.push(msg)
         self._dispatch()
 
     def _defer(self, msg: Message) -> None:
@@ -170,7 +173,7 @@ class Group:
         entry = InFlight(msg, c, deadline, now)
         self.in_flight[msg.id] = entry
         c.in_flight += 1
-        heappush(self._deadlines, (deadline, next(_seq), entry))
+        self._deadlines.add(deadline, entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
         self.delivered_count += 1
@@ -199,13 +202,22 @@ class Group:
             return Outcome.NOT_OWNER
         return entry
 
-    def finish(self, consumer: Consumer | None, msg_id: int) -> Outcome:
-        """Acknowledge (NSQ FIN, beanstalkd delete of a reserved job)."""
+    def finish(self, consumer: Consumer | None, msg_id: int, *, pump: bool = True) -> Outcome:
+        """Acknowledge (NSQ FIN, beanstalkd delete of a reserved job).
+
+        `pump=False` leaves the freed slot unfilled until `pump()`: a session applying a
+        batch of acknowledgements refills the window once, not once per message."""
         entry = self._owned(consumer, msg_id)
         if entry.__class__ is Outcome:
             return entry  # type: ignore[return-value]
         self._finish(entry)  # type: ignore[arg-type]
+        if pump:
+            self._dispatch()
         return Outcome.OK
+
+    def pump(self) -> None:
+        """Deliver to every consumer with room (after acknowledgements made with pump=False)."""
+        self._dispatch()
 
     def _finish(self, entry: InFlight) -> None:
         msg = entry.message
@@ -218,16 +230,20 @@ class Group:
     def _release_slot(self, c: Consumer) -> None:
         # finished deliveries leave stale deadline entries behind; drop them before they
         # pile up (at 10^5 acks a second they would be millions per msg_timeout)
-        if len(self._deadlines) > 2 * len(self.in_flight) + 4096:
-            self.compact_deadlines()
+        self._deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
             c.waiting = True
             self._waiting.append(c)
-        self._dispatch()
 
     def requeue(
-        self, consumer: Consumer | None, msg_id: int, delay: float, priority: int | None = None
+        self,
+        consumer: Consumer | None,
+        msg_id: int,
+        delay: float,
+        priority: int | None = None,
+        *,
+        pump: bool = True,
     ) -> Outcome:
         """Give a message back (NSQ REQ, beanstalkd release) to be retried after `delay` s."""
         entry = self._owned(consumer, msg_id)
@@ -241,6 +257,8 @@ class Group:
             msg.priority = priority
         self._return(msg, delay, trio.current_time())
         self._release_slot(entry.consumer)
+        if pump:
+            self._dispatch()
         return Outcome.OK
 
     def touch(self, consumer: Consumer | None, msg_id: int, extend: float, cap: float) -> Outcome:
@@ -251,7 +269,7 @@ class Group:
         assert isinstance(entry, InFlight)
         now = trio.current_time()
         entry.deadline = min(now + extend, entry.delivered_at + cap)
-        heappush(self._deadlines, (entry.deadline, next(_seq), entry))
+        self._deadlines.add(entry.deadline, entry)
         if entry.deadline < self.next_wake:
             self.topic.broker.schedule(self, entry.deadline)
         return Outcome.OK
@@ -266,6 +284,7 @@ class Group:
             entry.message.priority = priority
         self._bury(entry.message)
         self._release_slot(entry.consumer)
+        self._dispatch()
         return Outcome.OK
 
     def _bury(self, msg: Message) -> None:
@@ -412,8 +431,7 @@ class Group:
             return
         deadlines = self._deadlines
         in_flight = self.in_flight
-        while deadlines and deadlines[0][0] <= now:
-            deadline, _, entry = heappop(deadlines)
+        for deadline, entry in deadlines.pop_due(now):
             msg = entry.message
             if in_flight.get(msg.id) is not entry or entry.deadline != deadline:
                 continue  # finished, requeued or touched since
@@ -425,29 +443,16 @@ class Group:
             if c.attached and not c.waiting and c.in_flight < c.ready:
                 c.waiting = True
                 self._waiting.append(c)
-        if len(deadlines) > 2 * len(in_flight) + 4096:
-            self.compact_deadlines()
-            deadlines = self._deadlines
+        deadlines.trim(in_flight)
         deferred = self.deferred
         while deferred and deferred[0][0] <= now:
             msg = heappop(deferred)[2]
             msg.deliver_at = 0.0
             self.ready.push(msg)
         self._dispatch()
-        nxt = min(deadlines[0][0] if deadlines else _INF, deferred[0][0] if deferred else _INF)
+        nxt = min(deadlines.next_due(), deferred[0][0] if deferred else _INF)
         if nxt < _INF:
             self.topic.broker.schedule(self, nxt)
-
-    def compact_deadlines(self) -> None:
-        """Drop deadline entries of deliveries that were finished, requeued or touched."""
-        in_flight = self.in_flight
-        live = [
-            e
-            for e in self._deadlines
-            if in_flight.get(e[2].message.id) is e[2] and e[2].deadline == e[0]
-        ]
-        heapify(live)
-        self._deadlines = live
 
     # -- views -----------------------------------------------------------------
 

@@ -44,6 +44,19 @@ class ReadyQueue:
         self._len += 1
 
     def extend(self, msgs: list[Message]) -> None:
+        """Push one publish's messages: one priority, ids ascending. When they come after
+        the lane's tail (they nearly always do) that is a single deque.extend."""
+        if not msgs:
+            return
+        first = msgs[0]
+        lane = self._lanes.get(first.priority)
+        if lane is None or not lane or lane[-1].id < first.id:
+            if lane is None:
+                lane = self._lanes[first.priority] = deque()
+                insort(self._priorities, first.priority)
+            lane.extend(msgs)
+            self._len += len(msgs)
+            return
         for msg in msgs:
             self.push(msg)
 

@@ -29,24 +29,25 @@ class Topic:
         self._store = None if ephemeral else broker.store
 
     def put(self, messages: list[Message]) -> None:
+        """One publish's messages (one priority and delay, ids ascending)."""
         self.message_count += len(messages)
-        self.message_bytes += sum(len(m.body) for m in messages)
+        self.message_bytes += sum([len(m.body) for m in messages])
         if self.paused or not self.groups:
             self.backlog.extend(messages)
             if self._store is not None:
                 self._store.put(self.name, None, messages)
             return
-        self._fan_out(messages)
+        self._fan_out(messages, fresh=True)
 
-    def _fan_out(self, messages: list[Message]) -> None:
+    def _fan_out(self, messages: list[Message], *, fresh: bool = False) -> None:
         now = trio.current_time()
-        first = True
-        for group in list(self.groups.values()):
-            copies = messages if first else [m.copy() for m in messages]
-            first = False
+        groups = list(self.groups.values())
+        # copy for every other group before any group sees them: a delivery changes attempts
+        batches = [messages] + [[m.copy() for m in messages] for _ in groups[1:]]
+        for group, batch in zip(groups, batches, strict=True):
             if group._store is not None:
-                group._store.put(self.name, group.name, copies)
-            group.put(copies, now)
+                group._store.put(self.name, group.name, batch)
+            group.put(batch, now, fresh=fresh)
 
     def group(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Group | None:
         group = self.groups.get(name)

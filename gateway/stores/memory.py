@@ -57,12 +57,12 @@ class MemoryStore(Store):
         return t
 
     def put(self, topic: str, group: str | None, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
         t = self._topic(topic)
         target = t.backlog if group is None else self._group(t, group).messages
-        for msg in messages:
-            target[msg.id] = msg
-        if messages and messages[-1].id > self._last_id:
-            self._last_id = max(m.id for m in messages)
+        target.update(zip(map(_by_id, messages), messages, strict=True))
+        self._last_id = max(self._last_id, messages[-1].id)  # ids ascend within a publish
 
     def _group(self, t: _Topic, group: str) -> _Group:
         g = t.groups.get(group)

@@ -305,3 +305,14 @@ async def test_restart_from_the_store_keeps_unacknowledged_messages() -> None:
         b2.publish("t", [b"d"])
         assert s2.got[-1].id == 4  # ids continue after the recorded ones
         nursery.cancel_scope.cancel()
+
+
+async def test_each_group_counts_its_own_attempts() -> None:
+    async with broker() as b:
+        sinks = []
+        for name in ("c1", "c2", "c3"):
+            sink = Collector()
+            b.group("t", name).attach(sink, 60).set_ready(10)
+            sinks.append(sink)
+        b.publish("t", [b"x", b"y"])
+        assert [s.attempts for s in sinks] == [[1, 1]] * 3

@@ -29,7 +29,7 @@ from gateway.protocols.nsq.codec import (
     NSQServerCodec,
     State,
     error_frame,
-    message_frame,
+    message_header,
     response_frame,
 )
 from gateway.protocols.nsq.compression import CompressionError, DeflateStream, SnappyStream
@@ -228,6 +228,8 @@ class NSQSession:
         finally:
             if got_command:
                 self._read_deadline = self._silence_deadline(trio.current_time())
+            if self.group is not None and got_command:
+                self.group.pump()  # refill the window once for the whole batch of FINs
             if published:
                 # Group commit: one store flush acknowledges every publish of this batch.
                 await self.server.broker.flush()
@@ -266,7 +268,7 @@ class NSQSession:
         outcome = (
             Outcome.NOT_IN_FLIGHT
             if msg_id is None
-            else self.group.requeue(self.consumer, msg_id, delay)
+            else self.group.requeue(self.consumer, msg_id, delay, pump=False)
         )
         if outcome:
             self._out.append(self._failed(b"E_REQ_FAILED REQ", event.msg_id, outcome))
@@ -423,11 +425,12 @@ class NSQSession:
         # sample_rate N: nsqd drops about (99-N)% of this client's messages for the channel
         if self.sample_rate and random.randrange(100) > self.sample_rate:
             return False
-        frame = message_frame(
-            message.timestamp, message.attempts, b"%016x" % message.id, message.body
-        )
-        self._out.append(frame)
-        self._out_bytes += len(frame)
+        # header and body go separately: the writer's join copies the body once
+        body = message.body
+        out = self._out
+        out.append(message_header(len(body), message.timestamp, message.attempts, message.id))
+        out.append(body)
+        self._out_bytes += 34 + len(body)
         self.message_count += 1
         self._wake.set()
         return True

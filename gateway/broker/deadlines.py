@@ -1,0 +1,80 @@
+"""In-flight deadlines of one group.
+
+Deliveries to consumers with the same timeout produce deadlines in increasing order, so
+a FIFO holds nearly all of them at O(1) a delivery; only a deadline earlier than the
+FIFO's tail (a shorter timeout, a TOUCH overtaken by later deliveries) goes to a heap.
+Entries are never removed when a delivery is finished: an entry is live while its
+InFlight object is still the group's record for that message with the same deadline.
+The FIFO's head is trimmed after each finish, which keeps it short when consumers finish
+roughly in delivery order; a full compaction bounds it otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.broker.group import InFlight
+
+_INF = float("inf")
+
+
+class Deadlines:
+    __slots__ = ("_fifo", "_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._fifo: deque[tuple[float, InFlight]] = deque()
+        self._heap: list[tuple[float, int, InFlight]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._fifo) + len(self._heap)
+
+    def add(self, deadline: float, entry: InFlight) -> None:
+        fifo = self._fifo
+        if not fifo or fifo[-1][0] <= deadline:
+            fifo.append((deadline, entry))
+        else:
+            heappush(self._heap, (deadline, next(self._seq), entry))
+
+    def next_due(self) -> float:
+        """The earliest recorded deadline (it may belong to a stale entry)."""
+        a = self._fifo[0][0] if self._fifo else _INF
+        b = self._heap[0][0] if self._heap else _INF
+        return a if a < b else b
+
+    def pop_due(self, now: float) -> Iterator[tuple[float, InFlight]]:
+        """Every (deadline, entry) recorded at or before `now`; the caller checks liveness."""
+        fifo = self._fifo
+        while fifo and fifo[0][0] <= now:
+            yield fifo.popleft()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            deadline, _, entry = heappop(heap)
+            yield deadline, entry
+
+    def trim(self, in_flight: dict[int, InFlight]) -> None:
+        fifo = self._fifo
+        while fifo:
+            deadline, entry = fifo[0]
+            if in_flight.get(entry.message.id) is entry and entry.deadline == deadline:
+                break
+            fifo.popleft()
+        if len(fifo) + len(self._heap) > 2 * len(in_flight) + 4096:
+            self.compact(in_flight)
+
+    def compact(self, in_flight: dict[int, InFlight]) -> None:
+        def live(deadline: float, entry: InFlight) -> bool:
+            return in_flight.get(entry.message.id) is entry and entry.deadline == deadline
+
+        self._fifo = deque(item for item in self._fifo if live(*item))
+        self._heap = [item for item in self._heap if live(item[0], item[2])]
+        heapify(self._heap)
+
+    def clear(self) -> None:
+        self._fifo.clear()
+        self._heap.clear()
