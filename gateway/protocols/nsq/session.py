@@ -252,7 +252,9 @@ class NSQSession:
         msg_id = _parse_id(event.msg_id)
         assert self.group is not None
         outcome = (
-            Outcome.NOT_IN_FLIGHT if msg_id is None else self.group.finish(self.consumer, msg_id)
+            Outcome.NOT_IN_FLIGHT
+            if msg_id is None
+            else self.group.finish(self.consumer, msg_id, pump=False)
         )
         if outcome:
             self._out.append(self._failed(b"E_FIN_FAILED FIN", event.msg_id, outcome))
