@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -93,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("gateway").warning(
             "no --store given: using memory:// (this build has no durable store yet)"
         )
+    _tune_gc()
     try:
         gateway = Gateway(settings)
         trio.run(_serve, gateway)
@@ -100,6 +103,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tune_gc() -> None:
+    """Fewer, larger young-generation collections.
+
+    Every queued message is a GC-tracked object. With CPython's default threshold (700
+    allocations) a burst of MPUBs runs a young collection every few commands, and each
+    older-generation pass walks the whole backlog. The messages form no cycles, so
+    collecting less often loses nothing; GATEWAY_GC_THRESHOLD overrides the first value.
+    """
+    first = int(os.environ.get("GATEWAY_GC_THRESHOLD", "50000"))
+    gc.set_threshold(first, 50, 100)
+    gc.freeze()  # what startup allocated is never garbage: keep it out of every pass
 
 
 def _check_config(path: str) -> int:

@@ -45,6 +45,7 @@ from gateway.protocols.nsq.server import NSQServer
 log = logging.getLogger("gateway.nsq")
 
 _RECEIVE_SIZE = 65536
+_WRITE_SIZE = 256 * 1024  # the most one send joins: bounds the copy a write makes
 _TLS_HANDSHAKE_TIMEOUT = 5.0  # nsqd's deadline for the upgrade handshake
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
@@ -105,6 +106,8 @@ class NSQSession:
         self._heartbeat_scope: trio.CancelScope | None = None
         self._read_deadline = math.inf
         self._metrics = server.metrics
+        self._cancel_scope = trio.CancelScope()
+        self._bytes_out = server.metrics.bytes_out.labels("nsq")
 
     # -- life cycle ------------------------------------------------------------
 
@@ -115,6 +118,7 @@ class NSQSession:
         self.server.sessions.add(self)
         try:
             async with trio.open_nursery() as nursery:
+                self._cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._heartbeats)
                 await self._reader()
@@ -236,7 +240,13 @@ class NSQSession:
             self._holding = False
             del out
         if self._out:
-            self._wake.set()
+            if self._send_lock.locked():
+                self._wake.set()
+            else:
+                # Reply from the reader's own task: one task switch less per round trip,
+                # which is most of a PUB's latency. A client that stops reading blocks
+                # its own reader here, as nsqd's does.
+                await self._flush_output()
 
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
         self.server.broker.publish(
@@ -444,12 +454,16 @@ class NSQSession:
         self._wake.set()
 
     async def _writer(self) -> None:
-        bytes_out = self._metrics.bytes_out.labels("nsq")
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            sent = await self._flush_output()
-            bytes_out.inc(sent)
+            try:
+                await self._flush_output()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # the peer went away (reset, broken pipe, write deadline): end the
+                # session quietly, nothing for the log
+                self._cancel_scope.cancel()
+                return
 
     async def _flush_output(self, *, force: bool = False) -> int:
         sent = 0
@@ -458,16 +472,36 @@ class NSQSession:
         async with self._send_lock:
             while self._out:
                 chunks = self._out
+                pending = self._out_bytes
                 self._out = []
                 self._out_bytes = 0
-                data = b"".join(chunks)
-                if self._encode is not None:
-                    data = self._encode(data)
-                sent += len(data)
-                await self.stream.send_all(data)
+                if pending <= _WRITE_SIZE:
+                    sent += await self._send(b"".join(chunks))
+                    continue
+                # Bodies in the outbox are shared with the queue; joining them all would
+                # copy up to RDY x max-msg-size at once. Send in bounded pieces instead.
+                start = size = 0
+                for i, chunk in enumerate(chunks):
+                    size += len(chunk)
+                    if size >= _WRITE_SIZE:
+                        sent += await self._send(b"".join(chunks[start : i + 1]))
+                        start, size = i + 1, 0
+                if start < len(chunks):
+                    sent += await self._send(b"".join(chunks[start:]))
             self._drained.set()
             self._drained = trio.Event()
         return sent
+
+    async def _send(self, data: bytes) -> int:
+        if self._encode is not None:
+            data = self._encode(data)
+        # nsqd's write deadline: one heartbeat interval per write
+        with trio.move_on_after(self.heartbeat_interval or math.inf) as scope:
+            await self.stream.send_all(data)
+        if scope.cancelled_caught:
+            raise trio.BrokenResourceError("write deadline passed")
+        self._bytes_out.inc(len(data))
+        return len(data)
 
     async def _send_now(self, frames: list[bytes]) -> None:
         self._out.extend(frames)
