@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine, then run it.
+#   ./scripts/test.sh [pytest args...]
+# Idempotent: a second run reuses .venv and node_modules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# System packages: Node.js runs the nsqjs client in the interop tests.
+need_apt=()
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "create $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+log "pip install -e .[test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 \
+  | grep -vE '^WARNING: Location .* is ignored' || true
+
+log "npm ci (Node clients used as peers)"
+npm ci --prefix tests/clients/node --no-audit --no-fund --loglevel=error >/dev/null
+
+log "ruff"
+"$VENV/bin/ruff" check gateway tests bench
+"$VENV/bin/ruff" format --check gateway tests bench
+
+log "pytest"
+exec "$VENV/bin/python" -m pytest "$@"
