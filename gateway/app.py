@@ -109,6 +109,10 @@ class Gateway:
                 if nsq_addr is not None:
                     bound = await nursery.start(nsq_listener.serve, self.nsq, *nsq_addr)
                     self._announce("nsq", bound)
+                listening = ", ".join(
+                    f"{name}={format_address(*addr)}" for name, addr in self.addresses.items()
+                )
+                log.info("ready: %s", listening or "no listener")
                 task_status.started(self)
         finally:
             with trio.CancelScope(shield=True):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import ssl
 import zlib
+from pathlib import Path
 
 import pytest
 import trio
@@ -360,3 +362,47 @@ async def test_heartbeat_then_close_after_two_intervals(
         assert trio.current_time() - start == pytest.approx(1.0, abs=0.2)
         assert await conn.closed(timeout=10)
         assert trio.current_time() - start == pytest.approx(2.0, abs=0.2)
+
+
+async def test_tls_required_refuses_commands_before_the_upgrade(tmp_path: Path) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.cert_chain_pems[0].write_to_path(cert_file)
+    cert.private_key_pem.write_to_path(key_file)
+    async with running_gateway(
+        tls_cert=str(cert_file), tls_key=str(key_file), nsqd__tls_required=True
+    ) as gw:
+        conn = await RawNSQ.connect(gw)
+        await conn.send(b"PUB t\n" + be32(1) + b"x")
+        assert await conn.frame() == (1, b"E_INVALID cannot PUB in current state (TLS required)")
+        conn = await RawNSQ.connect(gw)
+        kind, data = await conn.identify(feature_negotiation=True, tls_v1=True)
+        assert json.loads(data)["tls_v1"] is True
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        tls = trio.SSLStream(conn.stream, ctx, server_hostname="127.0.0.1")
+        await tls.do_handshake()
+        secure = RawNSQ(tls)  # type: ignore[arg-type]
+        assert await secure.frame() == (0, b"OK")
+        await secure.send(b"PUB t\n" + be32(1) + b"x")
+        assert await secure.frame() == (0, b"OK")
+
+
+async def test_sample_rate_drops_most_messages_for_that_client() -> None:
+    async with running_gateway() as gw:
+        conn = await RawNSQ.connect(gw)
+        await conn.identify(sample_rate=1)
+        await conn.send(b"SUB sampled ch\nRDY 2500\n")
+        assert await conn.frame() == (0, b"OK")
+        pub = await RawNSQ.connect(gw)
+        n = 2000
+        await pub.send(b"MPUB sampled\n" + be32(4 + n * 5) + be32(n) + (be32(1) + b"s") * n)
+        assert await pub.frame() == (0, b"OK")
+        group = gw.broker.topics["sampled"].groups["ch"]
+        delivered = len(group.in_flight)
+        # about 2 % get through (r <= 1 for r in 0..99); the rest count as finished
+        assert 0 < delivered < 200
+        assert group.finish_count == n - delivered

@@ -1,0 +1,128 @@
+"""The command-line contract of DESIGN.md, on a real `gateway` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from tests.helpers import be32
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gateway_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway", *args]
+
+
+async def _start(
+    *args: str, env: dict[str, str] | None = None, marker: bytes = b"listening protocol="
+) -> tuple[trio.Process, str]:
+    """Start `gateway serve ...` and return it with the first line holding `marker`."""
+    proc = await trio.lowlevel.open_process(
+        gateway_cmd("serve", *args),
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stderr is not None
+    buf = b""
+    with trio.fail_after(20):
+        while marker not in buf or not buf.endswith(b"\n"):
+            chunk = await proc.stderr.receive_some(4096)
+            assert chunk, f"gateway exited: {buf.decode()}"
+            buf += chunk
+    line = next(ln for ln in buf.decode().splitlines() if marker.decode() in ln)
+    return proc, line
+
+
+async def _stop(proc: trio.Process) -> int:
+    proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(20):
+        return await proc.wait()
+
+
+async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> None:
+    proc, line = await _start("--nsq", "127.0.0.1:0", "--store", "memory://")
+    try:
+        assert line.startswith("listening protocol=nsq address=127.0.0.1:")
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"  V2PUB cli_t\n" + be32(2) + b"hi")
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+        await stream.aclose()
+    finally:
+        assert await _stop(proc) == 0
+
+
+async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('nsq = "127.0.0.1:1"\n[nsqd]\nmax_msg_size = 5\n')
+    # the file says port 1 and 5-byte messages; the flag says port 0; the env says 3 bytes
+    proc, line = await _start(
+        "--config", str(cfg), "--nsq", "127.0.0.1:0", env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3"}
+    )
+    try:
+        port = int(line.rsplit(":", 1)[1])
+        assert port != 1
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"  V2PUB cli_t\n" + be32(4) + b"four")
+        with trio.fail_after(5):
+            reply = await stream.receive_some(100)
+        assert reply.endswith(b"E_BAD_MESSAGE PUB message too big 4 > 3")
+    finally:
+        assert await _stop(proc) == 0
+
+
+async def test_off_disables_a_listener() -> None:
+    proc, line = await _start("--nsq", "off", "--store", "memory://", marker=b"ready:")
+    try:
+        assert line.endswith("ready: no listener")
+    finally:
+        assert await _stop(proc) == 0
+
+
+def test_check_config_reports_every_error_at_once(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'nsq = "nowhere"\nlog_level = "loud"\nunknown_key = 1\n'
+        "[nsqd]\nmsg_timeout = 5\nmax_rdy_count = 0\n"
+    )
+    result = subprocess.run(
+        gateway_cmd("check-config", str(bad)), cwd=REPO, capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 1
+    out = result.stdout
+    for where in ("nsq:", "log_level:", "unknown_key:", "nsqd.msg_timeout:", "nsqd.max_rdy_count:"):
+        assert where in out, out
+    assert "5 error(s)" in out
+
+
+def test_the_example_config_is_valid() -> None:
+    result = subprocess.run(
+        gateway_cmd("check-config", "config/gateway.example.toml"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.strip().endswith(": ok")
+
+
+def test_a_bad_flag_is_a_config_error() -> None:
+    result = subprocess.run(
+        gateway_cmd("serve", "--nsq", "127.0.0.1:99999"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 2
+    assert "config error: nsq:" in result.stderr
