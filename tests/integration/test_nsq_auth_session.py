@@ -47,7 +47,7 @@ async def test_auth_flow(nursery: trio.Nursery) -> None:
     )
     async with running_gateway(nsqd__auth_http_addresses=[f"127.0.0.1:{stub.port}"]) as gw:
         conn = await RawNSQ.connect(gw)
-        kind, data = await conn.identify(feature_negotiation=True)
+        _, data = await conn.identify(feature_negotiation=True)
         assert json.loads(data)["auth_required"] is True
 
         conn = await RawNSQ.connect(gw)

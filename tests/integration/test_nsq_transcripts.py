@@ -379,7 +379,7 @@ async def test_tls_required_refuses_commands_before_the_upgrade(tmp_path: Path) 
         await conn.send(b"PUB t\n" + be32(1) + b"x")
         assert await conn.frame() == (1, b"E_INVALID cannot PUB in current state (TLS required)")
         conn = await RawNSQ.connect(gw)
-        kind, data = await conn.identify(feature_negotiation=True, tls_v1=True)
+        _, data = await conn.identify(feature_negotiation=True, tls_v1=True)
         assert json.loads(data)["tls_v1"] is True
         ctx = ssl.create_default_context()
         ca.configure_trust(ctx)
