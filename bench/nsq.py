@@ -39,8 +39,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
-try:
+if __package__ in (None, ""):  # run as a script: bench/ is not a package then
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import (
         Address,
         GatewayProcess,
@@ -56,7 +58,7 @@ try:
         process_cpu_seconds,
         si,
     )
-except ImportError:  # run as ``python -m bench.nsq``
+else:  # python -m bench.nsq
     from bench._common import (
         Address,
         GatewayProcess,

@@ -55,8 +55,30 @@ def _masked_crc(data: bytes | memoryview) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-class SnappyStream:
+class _Stream:
+    """What both streams share: once decoding fails, it fails for good."""
+
+    _failed = False
+    _name = ""
+
+    def decode(self, data: bytes) -> bytes:
+        """Return the plain bytes carried by ``data``; incomplete input waits for more."""
+        if self._failed:
+            raise CompressionError(f"{self._name} stream already failed")
+        try:
+            return self._decode(data)
+        except CompressionError:
+            self._failed = True
+            raise
+
+    def _decode(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+
+class SnappyStream(_Stream):
     """snappy framing (stream) format, both directions."""
+
+    _name = "snappy"
 
     def __init__(self, max_buffered: int = 16 * 1024 * 1024) -> None:
         # Bounds the plain bytes one decode() call may return. Pending input never exceeds one
@@ -94,16 +116,6 @@ class SnappyStream:
                 parts.append(_HEADER_CRC.pack(header, crc))
                 parts.append(block)
         return b"".join(parts)
-
-    def decode(self, data: bytes) -> bytes:
-        """Return the plain bytes carried by ``data``; incomplete chunks wait for more input."""
-        if self._failed:
-            raise CompressionError("snappy stream already failed")
-        try:
-            return self._decode(data)
-        except CompressionError:
-            self._failed = True
-            raise
 
     def _decode(self, data: bytes) -> bytes:
         if self._skip:
@@ -192,8 +204,10 @@ class SnappyStream:
 _DEFLATE_WBITS = -15  # raw DEFLATE (RFC 1951): no zlib or gzip wrapper, as Go's compress/flate
 
 
-class DeflateStream:
+class DeflateStream(_Stream):
     """raw DEFLATE (wbits=-15) both directions; each encode ends with a SYNC_FLUSH."""
+
+    _name = "deflate"
 
     def __init__(self, level: int = 6, max_output: int = 16 * 1024 * 1024) -> None:
         # nsqd caps deflate_level at 6; stay within 1..6 even if the caller forgot to clamp.
@@ -208,16 +222,6 @@ class DeflateStream:
         if not data:
             return b""
         return self._compressor.compress(data) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
-
-    def decode(self, data: bytes) -> bytes:
-        """Return the plain bytes carried by ``data``; partial blocks wait for more input."""
-        if self._failed:
-            raise CompressionError("deflate stream already failed")
-        try:
-            return self._decode(data)
-        except CompressionError:
-            self._failed = True
-            raise
 
     def _decode(self, data: bytes) -> bytes:
         decompressor = self._decompressor
