@@ -160,7 +160,10 @@ class NSQSession:
                 self._metrics.protocol_error("nsq", close.frame[8:])
                 self._out.append(close.frame)
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
-                await self._flush_output(force=True)
+                try:
+                    await self._flush_output(force=True)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # gone before it could read why
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
