@@ -132,7 +132,16 @@ TRANSCRIPTS: list[tuple[bytes, State, list[ev.Event]]] = [
     (b"IDENTIFY\n", State.SUBSCRIBED, [err(b"E_INVALID cannot IDENTIFY in current state")]),
     (b"FIN abc\n", State.SUBSCRIBED, [err(b"E_INVALID invalid message ID")]),
     (b"FIN\n", State.SUBSCRIBED, [err(b"E_INVALID FIN insufficient number of params")]),
-    (b"FIN 0000000000000000\n", State.SUBSCRIBED, [ev.Fin(b"0000000000000000")]),
+    (b"FIN 0000000000000000\n", State.SUBSCRIBED, [ev.FinBatch([b"0000000000000000"])]),
+    (
+        b"FIN 0000000000000001\nFIN 0000000000000002\nFIN 00000000 0000002\n",
+        State.SUBSCRIBED,
+        [
+            ev.FinBatch([b"0000000000000001", b"0000000000000002"]),
+            err(b"E_INVALID invalid message ID"),
+        ],
+    ),
+    (b"FIN 000000000000000\r\n", State.SUBSCRIBED, [err(b"E_INVALID invalid message ID")]),
     (
         b"REQ 0000000000000000\n",
         State.SUBSCRIBED,

@@ -39,6 +39,13 @@ class Fin:
 
 
 @dataclass(slots=True)
+class FinBatch:
+    """Consecutive FINs, parsed in one go: a consumer sends one per message."""
+
+    msg_ids: list[bytes]
+
+
+@dataclass(slots=True)
 class Req:
     msg_id: bytes
     timeout_ms: int  # not clamped yet: nsqd clamps REQ to max-req-timeout silently
@@ -98,6 +105,7 @@ Event = (
     | Sub
     | Rdy
     | Fin
+    | FinBatch
     | Req
     | Touch
     | Cls

@@ -10,6 +10,7 @@ which only appends a frame and wakes the writer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -160,10 +161,9 @@ class NSQSession:
                 self._metrics.protocol_error("nsq", close.frame[8:])
                 self._out.append(close.frame)
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
-                try:
+                # the peer may be gone before it could read why
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._flush_output(force=True)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # gone before it could read why
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
@@ -193,8 +193,10 @@ class NSQSession:
                     break
                 got_command = True
                 cls = event.__class__
-                if cls is ev.Fin:
-                    self._fin(event)  # type: ignore[arg-type]
+                if cls is ev.FinBatch:
+                    self._fins(event.msg_ids)  # type: ignore[union-attr]
+                elif cls is ev.Fin:
+                    self._fins([event.msg_id])  # type: ignore[union-attr]
                 elif cls is ev.Pub:
                     await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
                     self._publish(event.topic, [event.body])  # type: ignore[union-attr]
@@ -261,18 +263,22 @@ class NSQSession:
         )
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
-    def _fin(self, event: ev.Fin) -> None:
-        msg_id = _parse_id(event.msg_id)
-        assert self.group is not None
-        outcome = (
-            Outcome.NOT_IN_FLIGHT
-            if msg_id is None
-            else self.group.finish(self.consumer, msg_id, pump=False)
-        )
-        if outcome:
-            self._out.append(self._failed(b"E_FIN_FAILED FIN", event.msg_id, outcome))
-        else:
-            self.finish_count += 1
+    def _fins(self, msg_ids: list[bytes]) -> None:
+        group = self.group
+        consumer = self.consumer
+        assert group is not None
+        finish = group.finish
+        done = 0
+        for raw in msg_ids:
+            msg_id = _parse_id(raw)
+            outcome = (
+                Outcome.NOT_IN_FLIGHT if msg_id is None else finish(consumer, msg_id, pump=False)
+            )
+            if outcome:
+                self._out.append(self._failed(b"E_FIN_FAILED FIN", raw, outcome))
+            else:
+                done += 1
+        self.finish_count += done
 
     def _req(self, event: ev.Req) -> None:
         msg_id = _parse_id(event.msg_id)
