@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -99,13 +100,24 @@ class NSQSession:
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._wake = trio.Event()
-        self._drained = trio.Event()
         self._encode: Callable[[bytes], bytes] | None = None
-        self._send_lock = trio.Lock()
+        # One sender at a time (reader replying inline, or the writer task). A flag, not a
+        # trio.Lock: acquiring a Lock is a checkpoint even when nobody holds it.
+        self._sending = False
+        self._send_idle = trio.Event()
+        # Plain TCP: try one non-blocking write before falling back to send_all, whose
+        # every call yields to the scheduler. None once TLS wraps the stream.
+        self._fd: int | None = (
+            stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        )
+        self._blocked_sends = 0  # sends that had to wait for the socket, and finished
+        self._blocked = False  # a send is waiting for the socket now
         self._holding = False  # a command batch is running: the writer waits for it
+        # Deadlines, enforced by the _timers task rather than a cancel scope per read or
+        # write (entering and leaving scopes was a fifth of a PUB round trip).
         self._next_heartbeat = 0.0
-        self._heartbeat_scope: trio.CancelScope | None = None
         self._read_deadline = math.inf
+        self._timer_scope: trio.CancelScope | None = None
         self._metrics = server.metrics
         self._cancel_scope = trio.CancelScope()
         self._bytes_out = server.metrics.bytes_out.labels("nsq")
@@ -121,10 +133,11 @@ class NSQSession:
             async with trio.open_nursery() as nursery:
                 self._cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._writer)
-                nursery.start_soon(self._heartbeats)
+                nursery.start_soon(self._timers)
                 await self._reader()
                 nursery.cancel_scope.cancel()
         finally:
+            self._fd = None  # never write to a descriptor number that may be reused
             self.server.sessions.discard(self)
             m.connections.labels("nsq").dec()
             if self.consumer is not None and self.group is not None:
@@ -141,13 +154,9 @@ class NSQSession:
         try:
             while True:
                 if self._out_bytes > self.server.max_output_bytes:
-                    # the client does not read: stop reading its commands too
-                    with trio.move_on_at(self._read_deadline):
-                        await self._drained.wait()
-                with trio.move_on_at(self._read_deadline) as scope:
-                    data = await self.stream.receive_some(_RECEIVE_SIZE)
-                if scope.cancelled_caught:
-                    return  # two heartbeat intervals of silence: close without a frame
+                    # the client does not read: stop reading its commands until it does
+                    await self._flush_output(force=True)
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
                 if not data:
                     return
                 bytes_in.inc(len(data))
@@ -186,6 +195,7 @@ class NSQSession:
         published = False
         got_command = False
         self._holding = True
+        deadline, self._read_deadline = self._read_deadline, math.inf  # not while processing
         try:
             while True:
                 event = codec.next_event()
@@ -235,8 +245,9 @@ class NSQSession:
                 elif cls is ev.ProtocolError:
                     raise _Close(event.frame)  # type: ignore[union-attr]
         finally:
-            if got_command:
-                self._read_deadline = self._silence_deadline(trio.current_time())
+            self._read_deadline = (
+                self._silence_deadline(trio.current_time()) if got_command else deadline
+            )
             if self.group is not None and got_command:
                 self.group.pump()  # refill the window once for the whole batch of FINs
             if published:
@@ -245,7 +256,7 @@ class NSQSession:
             self._holding = False
             del out
         if self._out:
-            if self._send_lock.locked():
+            if self._sending:
                 self._wake.set()
             else:
                 # Reply from the reader's own task: one task switch less per round trip,
@@ -383,14 +394,15 @@ class NSQSession:
             self.codec.heartbeats_disabled = False
             self.heartbeat_interval = identity.heartbeat_interval / 1000
             self._next_heartbeat = now + self.heartbeat_interval
-        if self._heartbeat_scope is not None:
-            self._heartbeat_scope.deadline = self._next_heartbeat
+        if self._timer_scope is not None:
+            self._timer_scope.deadline = self._next_heartbeat
 
     async def _upgrade_tls(self) -> None:
         assert self.server.ssl_context is not None
         if self.codec.buffered:
             raise _Close()  # the client must wait for the JSON before its TLS hello
-        async with self._send_lock:
+        await self._acquire_send()
+        try:
             tls_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
             with trio.move_on_after(_TLS_HANDSHAKE_TIMEOUT) as scope:
                 try:
@@ -400,6 +412,9 @@ class NSQSession:
             if scope.cancelled_caught:
                 raise _Close()
             self.stream = tls_stream
+            self._fd = None
+        finally:
+            self._release_send()
         self.tls = True
         self.codec.tls_required = False
 
@@ -474,18 +489,29 @@ class NSQSession:
                 self._cancel_scope.cancel()
                 return
 
-    async def _flush_output(self, *, force: bool = False) -> int:
-        sent = 0
+    async def _acquire_send(self) -> None:
+        while self._sending:
+            if self._send_idle.is_set():
+                self._send_idle = trio.Event()
+            await self._send_idle.wait()
+        self._sending = True
+
+    def _release_send(self) -> None:
+        self._sending = False
+        self._send_idle.set()
+
+    async def _flush_output(self, *, force: bool = False) -> None:
         if self._holding and not force:
-            return 0  # the batch in progress wakes the writer when it is done
-        async with self._send_lock:
+            return  # the batch in progress sends or wakes the writer when it is done
+        await self._acquire_send()
+        try:
             while self._out:
                 chunks = self._out
                 pending = self._out_bytes
                 self._out = []
                 self._out_bytes = 0
                 if pending <= _WRITE_SIZE:
-                    sent += await self._send(b"".join(chunks))
+                    await self._send(b"".join(chunks))
                     continue
                 # Bodies in the outbox are shared with the queue; joining them all would
                 # copy up to RDY x max-msg-size at once. Send in bounded pieces instead.
@@ -493,36 +519,57 @@ class NSQSession:
                 for i, chunk in enumerate(chunks):
                     size += len(chunk)
                     if size >= _WRITE_SIZE:
-                        sent += await self._send(b"".join(chunks[start : i + 1]))
+                        await self._send(b"".join(chunks[start : i + 1]))
                         start, size = i + 1, 0
                 if start < len(chunks):
-                    sent += await self._send(b"".join(chunks[start:]))
-            self._drained.set()
-            self._drained = trio.Event()
-        return sent
+                    await self._send(b"".join(chunks[start:]))
+        finally:
+            self._release_send()
 
-    async def _send(self, data: bytes) -> int:
+    async def _send(self, data: bytes) -> None:
         if self._encode is not None:
             data = self._encode(data)
-        # nsqd's write deadline: one heartbeat interval per write
-        with trio.move_on_after(self.heartbeat_interval or math.inf) as scope:
-            await self.stream.send_all(data)
-        if scope.cancelled_caught:
-            raise trio.BrokenResourceError("write deadline passed")
         self._bytes_out.inc(len(data))
-        return len(data)
+        if self._fd is not None:
+            try:
+                sent = os.write(self._fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            if sent == len(data):
+                return  # the common case: the socket buffer took it all, no yield
+            data = memoryview(data)[sent:]  # type: ignore[assignment]
+        self._blocked = True
+        try:
+            await self.stream.send_all(data)
+        finally:
+            self._blocked = False
+            self._blocked_sends += 1
 
     async def _send_now(self, frames: list[bytes]) -> None:
         self._out.extend(frames)
         await self._flush_output(force=True)
 
-    async def _heartbeats(self) -> None:
+    async def _timers(self) -> None:
+        """Heartbeats, and nsqd's deadlines: the read deadline (two heartbeat intervals
+        without a command) and the write deadline (a write blocked for a heartbeat
+        interval; checked at each heartbeat, so it fires within one to two intervals)."""
+        watched_sends = -1
         while True:
-            with trio.CancelScope(deadline=self._next_heartbeat) as scope:
-                self._heartbeat_scope = scope
+            with trio.CancelScope(deadline=min(self._next_heartbeat, self._read_deadline)) as scope:
+                self._timer_scope = scope
                 await trio.sleep_forever()
-            self._heartbeat_scope = None
-            if trio.current_time() >= self._next_heartbeat:
+            self._timer_scope = None
+            now = trio.current_time()
+            if now >= self._read_deadline:
+                self._cancel_scope.cancel()  # silence: close without an error frame
+                return
+            if now >= self._next_heartbeat:
+                if self._blocked and self._blocked_sends == watched_sends:
+                    self._cancel_scope.cancel()  # a write stuck since the last heartbeat
+                    return
+                watched_sends = self._blocked_sends if self._blocked else -1
                 self._out.append(HEARTBEAT_FRAME)
                 self._wake.set()
                 self._next_heartbeat += self.heartbeat_interval
