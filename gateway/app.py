@@ -13,12 +13,15 @@ import trio
 from gateway.broker import Broker
 from gateway.config import Settings
 from gateway.metrics import Metrics
-from gateway.protocols.nsq import listener as nsq_listener
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
 from gateway.protocols.nsq.negotiation import ServerFeatures
+from gateway.protocols.beanstalk.server import BeanstalkServer
+from gateway.protocols.beanstalk.session import BeanstalkSession
 from gateway.protocols.nsq.server import NSQServer
+from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store
+from gateway.tcp import serve as serve_tcp
 
 log = logging.getLogger("gateway")
 
@@ -55,6 +58,13 @@ class Gateway:
             self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
         self.broker = Broker(self.store, max_attempts=s.broker.max_attempts)
         self.nsq = self._nsq_server()
+        self.beanstalk = BeanstalkServer(
+            self.broker,
+            self.metrics,
+            group_name=s.beanstalkd.group,
+            max_job_size=s.beanstalkd.max_job_size,
+            default_ttr=s.beanstalkd.default_ttr,
+        )
 
     def _nsq_server(self) -> NSQServer:
         n = self.settings.nsqd
@@ -105,10 +115,14 @@ class Gateway:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.broker.run)
-                nsq_addr = self.settings.address("nsq")
-                if nsq_addr is not None:
-                    bound = await nursery.start(nsq_listener.serve, self.nsq, *nsq_addr)
-                    self._announce("nsq", bound)
+                for protocol, handle in (
+                    ("nsq", self._nsq_connection),
+                    ("beanstalk", self._beanstalk_connection),
+                ):
+                    address = self.settings.address(protocol)
+                    if address is not None:
+                        bound = await nursery.start(serve_tcp, protocol, handle, *address)
+                        self._announce(protocol, bound)
                 listening = ", ".join(
                     f"{name}={format_address(*addr)}" for name, addr in self.addresses.items()
                 )
@@ -117,6 +131,12 @@ class Gateway:
         finally:
             with trio.CancelScope(shield=True):
                 await self.broker.close()
+
+    async def _nsq_connection(self, stream: trio.SocketStream, remote: str) -> None:
+        await NSQSession(self.nsq, stream, remote).run()
+
+    async def _beanstalk_connection(self, stream: trio.SocketStream, remote: str) -> None:
+        await BeanstalkSession(self.beanstalk, stream, remote).run()
 
     def _announce(self, protocol: str, listeners: list[trio.SocketListener]) -> None:
         host, port = _bound_address(listeners[0])

@@ -62,13 +62,17 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
 
 
 async def _serve(gateway: Gateway) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    log = logging.getLogger("gateway")
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(gateway.serve)
             async for signum in signals:
-                logging.getLogger("gateway").info(
-                    "signal %s: shutting down", signal.Signals(signum).name
-                )
+                if signum == signal.SIGUSR1:
+                    # beanstalkd's drain mode: every later put answers DRAINING
+                    gateway.beanstalk.draining = True
+                    log.info("signal SIGUSR1: beanstalkd drain mode on")
+                    continue
+                log.info("signal %s: shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 OFF = "off"
 # Listeners that this build does not have yet: their setting exists so scripts can say
 # `--http off`, and anything but "off" is refused rather than silently ignored.
-NOT_YET_BUILT = ("http", "beanstalk", "nats", "nats_route", "rocketmq")
+NOT_YET_BUILT = ("http", "nats", "nats_route", "rocketmq")
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -66,6 +66,16 @@ class NSQDSettings(_Section):
     hostname: str = "localhost"
 
 
+class BeanstalkSettings(_Section):
+    """beanstalkd behaviour; defaults follow beanstalkd 1.13."""
+
+    group: str = Field(
+        "beanstalk", min_length=1
+    )  # the group all beanstalkd workers of a tube share
+    max_job_size: int = Field(65535, ge=0, le=1073741824)  # beanstalkd -z
+    default_ttr: int = Field(60, ge=1)  # seconds, for messages published without a ttr (NSQ, NATS)
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -77,7 +87,7 @@ class Settings(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nsq: str = "127.0.0.1:4150"
     http: str = OFF
-    beanstalk: str = OFF
+    beanstalk: str = "127.0.0.1:11300"
     nats: str = OFF
     nats_route: str = OFF
     nats_routes: list[str] = Field(default_factory=list)
@@ -86,9 +96,10 @@ class Settings(_Section):
     tls_cert: str | None = None
     tls_key: str | None = None
     nsqd: NSQDSettings = Field(default_factory=NSQDSettings)
+    beanstalkd: BeanstalkSettings = Field(default_factory=BeanstalkSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
 
-    @field_validator("nsq")
+    @field_validator("nsq", "beanstalk")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
@@ -118,7 +129,7 @@ class Settings(_Section):
         return None if value == OFF else parse_address(value)
 
 
-_SECTIONS = {"nsqd": NSQDSettings, "broker": BrokerSettings}
+_SECTIONS = {"nsqd": NSQDSettings, "beanstalkd": BeanstalkSettings, "broker": BrokerSettings}
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

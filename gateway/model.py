@@ -14,6 +14,20 @@ DEFAULT_PRIORITY: Final = 1024  # beanstalkd's conventional default, and the mod
 MAX_PRIORITY: Final = 2**32 - 1  # beanstalkd priorities are uint32
 
 
+class JobStats:
+    """Per-message life-cycle counters (beanstalkd's stats-job), made on first use so a
+    message that is only ever published and finished carries none."""
+
+    __slots__ = ("buries", "delay", "kicks", "releases", "timeouts")
+
+    def __init__(self) -> None:
+        self.timeouts = 0
+        self.releases = 0
+        self.buries = 0
+        self.kicks = 0
+        self.delay = 0  # seconds of the last publish or release delay
+
+
 class Message:
     __slots__ = (
         "attempts",
@@ -24,6 +38,7 @@ class Message:
         "origin",
         "priority",
         "reply_to",
+        "stats",
         "timestamp",
         "topic",
         "ttr",
@@ -54,6 +69,13 @@ class Message:
         self.ttr = ttr  # per-message processing timeout in seconds; 0 = the consumer's
         self.reply_to = reply_to
         self.origin = origin  # "<protocol> <peer>", for the archive and stats
+        self.stats: JobStats | None = None
+
+    def job_stats(self) -> JobStats:
+        stats = self.stats
+        if stats is None:
+            stats = self.stats = JobStats()
+        return stats
 
     def copy(self) -> Message:
         """A copy for another group: shares body and headers, owns the per-group fields."""
@@ -69,6 +91,9 @@ class Message:
         m.ttr = self.ttr
         m.reply_to = self.reply_to
         m.origin = self.origin
+        m.stats = None
+        if self.stats is not None:
+            m.job_stats().delay = self.stats.delay
         return m
 
     def __repr__(self) -> str:

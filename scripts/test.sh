@@ -10,8 +10,10 @@ VENV=${VENV:-.venv}
 
 log() { printf '== %s\n' "$*" >&2; }
 
-# System packages: Node.js runs the nsqjs client in the interop tests.
+# System packages: Node.js runs the nsqjs and fivebeans clients in the interop tests;
+# beanstalkd is the real server the beanstalkd listener is compared with.
 need_apt=()
+command -v beanstalkd >/dev/null 2>&1 || need_apt+=(beanstalkd)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -21,7 +21,7 @@ def be32(n: int) -> bytes:
 
 
 def settings(**overrides: Any) -> config.Settings:
-    flags: dict[str, Any] = {"nsq": "127.0.0.1:0", "store": "memory://"}
+    flags: dict[str, Any] = {"nsq": "127.0.0.1:0", "beanstalk": "off", "store": "memory://"}
     sections: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         section, sep, name = key.partition("__")
@@ -96,3 +96,47 @@ class RawNSQ:
 def parse_message(data: bytes) -> tuple[int, int, bytes, bytes]:
     ts, attempts = struct.unpack_from(">qH", data)
     return ts, attempts, data[10:26], data[26:]
+
+
+class RawBeanstalk:
+    """A byte-level beanstalkd client: send a command, read one reply (with its data)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    @classmethod
+    async def connect(cls, gateway: Gateway) -> RawBeanstalk:
+        host, port = gateway.addresses["beanstalk"]
+        return cls(await trio.open_tcp_stream(host, port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self) -> None:
+        chunk = await self.stream.receive_some(65536)
+        if not chunk:
+            raise EOFError("closed by the server")
+        self.buf += chunk
+
+    async def reply(self, timeout: float = 5.0) -> bytes:
+        """One whole reply: the line, plus `<bytes>\\r\\n` of data for RESERVED/FOUND/OK."""
+        with trio.fail_after(timeout):
+            while b"\r\n" not in self.buf:
+                await self._fill()
+            end = self.buf.index(b"\r\n") + 2
+            words = bytes(self.buf[: end - 2]).split(b" ")
+            if words[0] in (b"RESERVED", b"FOUND", b"OK"):
+                end += int(words[-1]) + 2
+                while len(self.buf) < end:
+                    await self._fill()
+            out = bytes(self.buf[:end])
+            del self.buf[:end]
+            return out
+
+    async def call(self, command: bytes, timeout: float = 5.0) -> bytes:
+        await self.send(command)
+        return await self.reply(timeout)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

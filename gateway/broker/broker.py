@@ -26,6 +26,8 @@ class Broker:
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0
+        self.published_count = 0  # messages created since start (beanstalkd total-jobs)
+        self.timeout_count = 0  # in-flight deadlines that expired, all groups
         self._timers: list[tuple[float, int, Group]] = []
         self._timer_seq = itertools.count()
         self._timer_changed = trio.Event()
@@ -77,6 +79,10 @@ class Broker:
         if not timers or when < timers[0][0]:
             self._timer_changed.set()
         heapq.heappush(timers, (when, next(self._timer_seq), group))
+
+    def burn_id(self) -> None:
+        """Use up an id without a message (beanstalkd: a put that ends EXPECTED_CRLF)."""
+        self.last_id += 1
 
     async def flush(self) -> None:
         await self.store.flush()
@@ -137,10 +143,14 @@ class Broker:
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
         first = self.last_id + 1
         self.last_id += len(bodies)
+        self.published_count += len(bodies)
         # positional arguments: this runs once per message on the publish hot path
         msgs = [
             Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to, origin)
             for i, body in zip(range(first, first + len(bodies)), bodies, strict=True)
         ]
+        if delay > 0:
+            for m in msgs:
+                m.job_stats().delay = int(delay)
         t.put(msgs)
         return msgs

@@ -79,6 +79,8 @@ class Group:
         self.ephemeral = ephemeral
         self.max_attempts = max_attempts  # 0: retry for ever; else bury past this many attempts
         self.paused = False
+        self.pause_until = 0.0  # a timed pause (beanstalkd pause-tube); 0: none
+        self.pause_length = 0  # seconds the current timed pause was set for
         self.deleted = False
         self.ready = ReadyQueue()
         self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
@@ -135,15 +137,24 @@ class Group:
             return
         consumer.attached = False
         self.consumers.remove(consumer)
-        if requeue and consumer.in_flight:
-            owned = [e for e in self.in_flight.values() if e.consumer is consumer]
-            for entry in owned:
-                del self.in_flight[entry.message.id]
-                self._return(entry.message, 0.0, trio.current_time())
-            consumer.in_flight = 0
-            self._dispatch()
+        if requeue:
+            self.return_in_flight(consumer)
         if self.ephemeral and not self.consumers:
             self.topic.delete_group(self.name)
+
+    def return_in_flight(self, consumer: Consumer) -> None:
+        """Everything `consumer` holds is ready again at once, counting no requeue or
+        timeout (beanstalkd, when a connection closes)."""
+        if not consumer.in_flight:
+            return
+        owned = [e for e in self.in_flight.values() if e.consumer is consumer]
+        now = trio.current_time()
+        for entry in owned:
+            del self.in_flight[entry.message.id]
+            self._return(entry.message, 0.0, now)
+        consumer.in_flight = 0
+        self._deadlines.trim(self.in_flight)
+        self._dispatch()
 
     def _offer(self, consumer: Consumer) -> None:
         if consumer.attached and not consumer.waiting and consumer.in_flight < consumer.ready:
@@ -157,6 +168,11 @@ class Group:
         if self.paused or not waiting or not ready:
             return
         now = trio.current_time()
+        if self.pause_until:
+            if now < self.pause_until:
+                return
+            self.pause_until = 0.0
+            self.pause_length = 0
         while waiting and ready:
             c = waiting[0]
             if c.in_flight >= c.ready or not c.attached:
@@ -189,6 +205,24 @@ class Group:
             msg = self.ready.pop()
         elif not self.ready.remove(msg):
             return None
+        self._deliver(consumer, msg, trio.current_time())
+        return msg
+
+    def take_any(self, consumer: Consumer, msg_id: int) -> Message | None:
+        """Deliver one particular message that is ready, deferred or buried (beanstalkd
+        reserve-job), whatever its state's queue and whatever the pause."""
+        found = self.find(msg_id)
+        if found is None or found[0] == "reserved":
+            return None
+        state, msg = found
+        if state == "buried":
+            del self.buried[msg_id]
+        elif state == "delayed":
+            self.deferred = [e for e in self.deferred if e[1] != msg_id]
+            heapify(self.deferred)
+            msg.deliver_at = 0.0
+        else:
+            self.ready.remove(msg)
         self._deliver(consumer, msg, trio.current_time())
         return msg
 
@@ -265,6 +299,9 @@ class Group:
         msg = entry.message
         del self.in_flight[msg.id]
         self.requeue_count += 1
+        stats = msg.job_stats()
+        stats.releases += 1
+        stats.delay = int(delay)
         if priority is not None:
             msg.priority = priority
         self._return(msg, delay, trio.current_time())
@@ -303,6 +340,7 @@ class Group:
         msg.deliver_at = 0.0
         self.buried[msg.id] = msg
         self.bury_count += 1
+        msg.job_stats().buries += 1
         if self._store is not None:
             self._store.update(self.topic.name, self.name, msg, buried=True)
 
@@ -357,10 +395,12 @@ class Group:
         return True
 
     def _kick_buried(self, msg: Message) -> None:
-        self.kick_count += 1
         self._ready_now(msg)
 
     def _ready_now(self, msg: Message) -> None:
+        """A kick: buried or deferred to ready now."""
+        self.kick_count += 1
+        msg.job_stats().kicks += 1
         msg.deliver_at = 0.0
         self.ready.push(msg)
         if self._store is not None:
@@ -415,6 +455,22 @@ class Group:
         if self._store is not None:
             self._store.clear(self.topic.name, self.name)
 
+    def pause_for(self, seconds: int) -> None:
+        """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
+        now = trio.current_time()
+        if seconds <= 0:
+            self.pause_until = 0.0
+            self.pause_length = 0
+            self._dispatch()
+            return
+        self.pause_until = now + seconds
+        self.pause_length = seconds
+        if self.pause_until < self.next_wake:
+            self.topic.broker.schedule(self, self.pause_until)
+
+    def is_paused(self, now: float) -> bool:
+        return self.paused or (self.pause_until > now)
+
     def pause(self) -> None:
         self.paused = True
         if self._store is not None:
@@ -449,6 +505,8 @@ class Group:
                 continue  # finished, requeued or touched since
             del in_flight[msg.id]
             self.timeout_count += 1
+            self.topic.broker.timeout_count += 1
+            msg.job_stats().timeouts += 1
             self._return(msg, 0.0, now)
             c = entry.consumer
             c.in_flight -= 1
@@ -462,7 +520,11 @@ class Group:
             msg.deliver_at = 0.0
             self.ready.push(msg)
         self._dispatch()
-        nxt = min(deadlines.next_due(), deferred[0][0] if deferred else _INF)
+        nxt = min(
+            deadlines.next_due(),
+            deferred[0][0] if deferred else _INF,
+            self.pause_until or _INF,
+        )
         if nxt < _INF:
             self.topic.broker.schedule(self, nxt)
 

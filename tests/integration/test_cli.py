@@ -47,7 +47,7 @@ async def _stop(proc: trio.Process) -> int:
 
 
 async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> None:
-    proc, line = await _start("--nsq", "127.0.0.1:0", "--store", "memory://")
+    proc, line = await _start("--nsq", "127.0.0.1:0", "--beanstalk", "off", "--store", "memory://")
     try:
         assert line.startswith("listening protocol=nsq address=127.0.0.1:")
         port = int(line.rsplit(":", 1)[1])
@@ -66,7 +66,11 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
     cfg.write_text('nsq = "127.0.0.1:1"\n[nsqd]\nmax_msg_size = 5\n')
     # the file says port 1 and 5-byte messages; the flag says port 0; the env says 3 bytes
     proc, line = await _start(
-        "--config", str(cfg), "--nsq", "127.0.0.1:0", env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3"}
+        "--config",
+        str(cfg),
+        "--nsq",
+        "127.0.0.1:0",
+        env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3", "GATEWAY_BEANSTALK": "off"},
     )
     try:
         port = int(line.rsplit(":", 1)[1])
@@ -81,9 +85,54 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
 
 
 async def test_off_disables_a_listener() -> None:
-    proc, line = await _start("--nsq", "off", "--store", "memory://", marker=b"ready:")
+    proc, line = await _start(
+        "--nsq", "off", "--beanstalk", "off", "--store", "memory://", marker=b"ready:"
+    )
     try:
         assert line.endswith("ready: no listener")
+    finally:
+        assert await _stop(proc) == 0
+
+
+async def test_every_listener_reports_its_port() -> None:
+    proc, line = await _start(
+        "--nsq",
+        "127.0.0.1:0",
+        "--beanstalk",
+        "127.0.0.1:0",
+        "--store",
+        "memory://",
+        marker=b"ready:",
+    )
+    try:
+        assert "nsq=127.0.0.1:" in line and "beanstalk=127.0.0.1:" in line
+        port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"list-tube-used\r\n")
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b"USING default\r\n"
+        await stream.aclose()
+    finally:
+        assert await _stop(proc) == 0
+
+
+async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
+    proc, line = await _start("--nsq", "off", "--beanstalk", "127.0.0.1:0", "--store", "memory://")
+    try:
+        port = int(line.rsplit(":", 1)[1])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"put 0 0 10 1\r\nx\r\n")
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b"INSERTED 1\r\n"
+        proc.send_signal(signal.SIGUSR1)
+        with trio.fail_after(5):
+            while True:
+                await stream.send_all(b"put 0 0 10 1\r\nx\r\n")
+                reply = await stream.receive_some(100)
+                if reply == b"DRAINING\r\n":
+                    break
+                assert reply.startswith(b"INSERTED")
+        await stream.aclose()
     finally:
         assert await _stop(proc) == 0
 

@@ -1,0 +1,536 @@
+"""One beanstalkd connection: commands in order, one reply each, jobs from the broker.
+
+Commands are applied in order and their replies leave together after the batch (one
+store flush acknowledges every put of the batch). A `reserve` that finds nothing ready
+blocks the connection as beanstalkd does: later pipelined commands wait, while the
+socket is still watched for a half-close.
+
+Reserving across tubes: the session has a consumer in the group of each watched tube.
+While it waits, each of them gets a window of one more job; the first delivery, in
+whichever tube, closes every window again, so one reserve gets one job.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from gateway.broker import Consumer, Group, Outcome, Topic
+from gateway.model import Message
+from gateway.protocols.beanstalk import codec as bc
+from gateway.protocols.beanstalk import events as ev
+from gateway.protocols.beanstalk import stats
+from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
+
+log = logging.getLogger("gateway.beanstalk")
+
+_RECEIVE_SIZE = 65536
+_SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
+_MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
+
+
+def _job_reply(word: bytes, msg: Message) -> bytes:
+    body = msg.body
+    return b"%s %d %d\r\n%s\r\n" % (word, msg.id, len(body), body)
+
+
+def _ok(data: bytes) -> bytes:
+    return b"OK %d\r\n%s\r\n" % (len(data), data)
+
+
+class BeanstalkSession:
+    def __init__(self, server: BeanstalkServer, stream: trio.abc.Stream, remote: str) -> None:
+        self.server = server
+        self.stream = stream
+        self.remote = remote
+        self.codec = bc.BeanstalkCodec(server.max_job_size)
+        self.used = DEFAULT_TUBE
+        self.watched: list[str] = [DEFAULT_TUBE]
+        # a consumer per tube this connection watches or holds jobs in
+        self.consumers: dict[str, Consumer] = {}
+        self.reserved: dict[int, Consumer] = {}  # job id -> the consumer that holds it
+        self.is_producer = False
+        self.is_worker = False
+        self.waiting = False
+        self._got: Message | None = None
+        self._got_event = trio.Event()
+        self._out: list[bytes] = []
+        self._eof = False
+        self._metrics = server.metrics
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = self.server
+        server.sessions.add(self)
+        server.total_connections += 1
+        server.using[DEFAULT_TUBE] += 1
+        server.watching[DEFAULT_TUBE] += 1
+        self._consumer(DEFAULT_TUBE)
+        m = self._metrics
+        m.connections.labels("beanstalk").inc()
+        m.connections_total.labels("beanstalk").inc()
+        bytes_in = m.bytes_in.labels("beanstalk")
+        try:
+            while not self._eof:
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    break
+                bytes_in.inc(len(data))
+                self.codec.receive_data(data)
+                if not await self._process():
+                    break
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._cleanup()
+            m.connections.labels("beanstalk").dec()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    def _cleanup(self) -> None:
+        server = self.server
+        server.sessions.discard(self)
+        for consumer in self.consumers.values():
+            # beanstalkd: reserved jobs are ready again at once, no timeout counted
+            consumer.group.detach(consumer, requeue=True)
+        self.consumers.clear()
+        server.using[self.used] -= 1
+        for tube in self.watched:
+            server.watching[tube] -= 1
+        for tube in {self.used, *self.watched}:
+            server.release_tube(tube)
+
+    def _consumer(self, tube: str, group: Group | None = None) -> Consumer:
+        consumer = self.consumers.get(tube)
+        if consumer is None or not consumer.attached:
+            group = group or self.server.worker_group(tube)
+            consumer = self.consumers[tube] = group.attach(self, self.server.default_ttr)
+        return consumer
+
+    # -- commands ----------------------------------------------------------------
+
+    async def _process(self) -> bool:
+        """Apply every complete command; False when the connection must close."""
+        codec = self.codec
+        out = self._out
+        published = False
+        keep_open = True
+        while (event := codec.next_event()) is not None:
+            cls = event.__class__
+            if cls is ev.Put:
+                reply = self._put(event)  # type: ignore[arg-type]
+                published = published or reply[0:1] == b"I"
+            elif cls is ev.Reserve or cls is ev.ReserveWithTimeout:
+                if published:
+                    await self.server.broker.flush()
+                    published = False
+                reply = await self._reserve(event)
+            elif cls is ev.Quit:
+                keep_open = False
+                break
+            else:
+                handler = _HANDLERS.get(cls)
+                if handler is None:  # Reply, PutRejected
+                    reply = self._rejected(event)
+                else:
+                    reply = handler(self, event)
+            out.append(reply)
+            if self._eof:
+                keep_open = False
+                break
+        if published:
+            await self.server.broker.flush()  # group commit before INSERTED goes out
+        await self._flush()
+        return keep_open
+
+    async def _flush(self) -> None:
+        if self._out:
+            data = b"".join(self._out)
+            self._out = []
+            self._metrics.bytes_out.labels("beanstalk").inc(len(data))
+            await self.stream.send_all(data)
+
+    def _rejected(self, event: object) -> bytes:
+        if isinstance(event, ev.PutRejected):
+            self.server.commands["put"] += 1
+            if event.consumes_id:
+                self.server.broker.burn_id()
+            reply = event.reply
+        else:
+            reply = event.data  # type: ignore[attr-defined]
+        self._metrics.protocol_error("beanstalk", reply.rstrip(b"\r\n"))
+        return reply
+
+    def _put(self, event: ev.Put) -> bytes:
+        server = self.server
+        server.commands["put"] += 1
+        if server.draining:
+            return bc.DRAINING
+        self.is_producer = True
+        server.ensure_tube(self.used)
+        (msg,) = server.broker.publish(
+            self.used,
+            [event.body],
+            delay=float(event.delay),
+            priority=event.pri,
+            ttr=float(event.ttr),
+            origin=f"beanstalk {self.remote}",
+        )
+        return b"INSERTED %d\r\n" % msg.id
+
+    # -- reserve -------------------------------------------------------------------
+
+    async def _reserve(self, event: ev.Reserve | ev.ReserveWithTimeout) -> bytes:
+        server = self.server
+        timeout = None
+        if isinstance(event, ev.ReserveWithTimeout):
+            server.commands["reserve-with-timeout"] += 1
+            timeout = event.timeout
+        else:
+            server.commands["reserve"] += 1
+        self.is_worker = True
+        now = trio.current_time()
+        if self._take_ready(now):
+            return self._reserved_reply()
+        soon = self._deadline_soon_at()
+        if soon <= now:
+            return bc.DEADLINE_SOON
+        if timeout == 0:
+            return bc.TIMED_OUT
+        await self._flush()  # the client sees earlier replies while this one waits
+        until = min(soon, now + timeout if timeout is not None else math.inf)
+        self._got = None
+        self._got_event = trio.Event()
+        self.waiting = True
+        try:
+            for tube in self.watched:
+                consumer = self._consumer(tube)
+                consumer.set_ready(consumer.in_flight + 1)
+                if self._got is not None:
+                    break
+            if self._got is None:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_socket, nursery.cancel_scope)
+                    with trio.move_on_at(until):
+                        await self._got_event.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.waiting = False
+            self._close_windows()
+        if self._got is not None:
+            return self._reserved_reply()
+        if self._eof:
+            return bc.TIMED_OUT  # half-closed while waiting: answer, then close
+        if soon <= trio.current_time():
+            return bc.DEADLINE_SOON
+        return bc.TIMED_OUT
+
+    async def _watch_socket(self, cancel: trio.CancelScope) -> None:
+        """While a reserve blocks, keep reading (buffered, not executed) to see a close."""
+        while self.codec.buffered < _MAX_BUFFERED_WHILE_WAITING:
+            try:
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self._eof = True
+                cancel.cancel()
+                return
+            self.codec.receive_data(data)
+        await trio.sleep_forever()
+
+    def _take_ready(self, now: float) -> bool:
+        """Reserve the most urgent ready job over every watched, unpaused tube."""
+        best: tuple[int, int] | None = None
+        best_group: Group | None = None
+        for tube in self.watched:
+            group = self._consumer(tube).group
+            if not group.ready or group.is_paused(now):
+                continue
+            head = group.ready.peek()
+            assert head is not None
+            key = (head.priority, head.id)
+            if best is None or key < best:
+                best, best_group = key, group
+        if best_group is None:
+            return False
+        self._got = None
+        best_group.take(self._consumer(best_group.topic.name, best_group))
+        return self._got is not None
+
+    def _deadline_soon_at(self) -> float:
+        """When the first job this connection holds enters the safety margin."""
+        soonest = math.inf
+        for job_id, consumer in list(self.reserved.items()):
+            entry = consumer.group.in_flight.get(job_id)
+            if entry is None or entry.consumer is not consumer:
+                del self.reserved[job_id]  # timed out (and maybe reserved by another)
+                continue
+            soonest = min(soonest, entry.deadline - _SAFETY_MARGIN)
+        return soonest
+
+    def _reserved_reply(self) -> bytes:
+        msg = self._got
+        assert msg is not None
+        self._got = None
+        return _job_reply(b"RESERVED", msg)
+
+    def _close_windows(self) -> None:
+        # 0, not in_flight: a later delete or release must not reopen a window
+        for consumer in self.consumers.values():
+            consumer.ready = 0
+
+    def deliver(self, message: Message, consumer: Consumer) -> bool:
+        """Called by the broker: a job for this connection (a take, or a waiting reserve)."""
+        self.reserved[message.id] = consumer
+        self._got = message
+        self._close_windows()
+        self._got_event.set()
+        return True
+
+    # -- jobs this connection holds ---------------------------------------------------
+
+    def _held(self, job_id: int) -> Consumer | None:
+        consumer = self.reserved.get(job_id)
+        if consumer is None:
+            return None
+        entry = consumer.group.in_flight.get(job_id)
+        if entry is None or entry.consumer is not consumer:
+            del self.reserved[job_id]
+            return None
+        return consumer
+
+    def _delete(self, event: ev.Delete) -> bytes:
+        server = self.server
+        server.commands["delete"] += 1
+        consumer = self._held(event.id)
+        if consumer is not None:
+            group = consumer.group
+            group.finish(consumer, event.id)
+            del self.reserved[event.id]
+            server.tube_deletes[group.topic.name] += 1
+            return bc.DELETED
+        found = server.find_job(event.id)
+        if found is None or found[0] == "reserved":
+            return bc.NOT_FOUND
+        _, msg, view = found
+        if isinstance(view, Group):
+            view.delete(event.id)
+        else:
+            view.backlog.remove(msg)
+            if view._store is not None:
+                view._store.remove(view.name, None, (event.id,))
+        server.tube_deletes[msg.topic] += 1
+        server.release_tube(msg.topic)
+        return bc.DELETED
+
+    def _release(self, event: ev.Release) -> bytes:
+        self.server.commands["release"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        consumer.group.requeue(consumer, event.id, float(event.delay), event.pri)
+        del self.reserved[event.id]
+        return bc.RELEASED
+
+    def _bury(self, event: ev.Bury) -> bytes:
+        self.server.commands["bury"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        consumer.group.bury(consumer, event.id, event.pri)
+        del self.reserved[event.id]
+        return bc.BURIED
+
+    def _touch(self, event: ev.Touch) -> bytes:
+        self.server.commands["touch"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        entry = consumer.group.in_flight[event.id]
+        ttr = entry.message.ttr or consumer.timeout
+        consumer.group.touch(consumer, event.id, ttr, math.inf)
+        return bc.TOUCHED
+
+    def _reserve_job(self, event: ev.ReserveJob) -> bytes:
+        found = self.server.find_job(event.id)
+        if found is None or found[0] == "reserved":
+            return bc.NOT_FOUND
+        _, msg, view = found
+        group = view if isinstance(view, Group) else self.server.group(msg.topic, create=True)
+        assert group is not None
+        self.is_worker = True
+        self._got = None
+        group.take_any(self._consumer(group.topic.name, group), event.id)
+        if self._got is None:
+            return bc.NOT_FOUND
+        return self._reserved_reply()
+
+    # -- tubes -------------------------------------------------------------------------
+
+    def _use(self, event: ev.Use) -> bytes:
+        server = self.server
+        server.commands["use"] += 1
+        if event.tube != self.used:
+            old, self.used = self.used, event.tube
+            server.using[old] -= 1
+            server.using[event.tube] += 1
+            server.ensure_tube(event.tube)
+            server.release_tube(old)
+        return b"USING %s\r\n" % event.tube.encode()
+
+    def _watch(self, event: ev.Watch) -> bytes:
+        server = self.server
+        server.commands["watch"] += 1
+        if event.tube not in self.watched:
+            self.watched.append(event.tube)
+            server.watching[event.tube] += 1
+            self._consumer(event.tube)
+        return b"WATCHING %d\r\n" % len(self.watched)
+
+    def _ignore(self, event: ev.Ignore) -> bytes:
+        server = self.server
+        server.commands["ignore"] += 1
+        tube = event.tube
+        if tube in self.watched:
+            if len(self.watched) == 1:
+                return bc.NOT_IGNORED
+            # beanstalkd moves the last entry into the freed slot
+            i = self.watched.index(tube)
+            self.watched[i] = self.watched[-1]
+            self.watched.pop()
+            server.watching[tube] -= 1
+            consumer = self.consumers.get(tube)
+            if consumer is not None and not consumer.in_flight:
+                consumer.group.detach(consumer, requeue=False)
+                del self.consumers[tube]
+            server.release_tube(tube)
+        return b"WATCHING %d\r\n" % len(self.watched)
+
+    def _list_tube_used(self, event: ev.ListTubeUsed) -> bytes:
+        self.server.commands["list-tube-used"] += 1
+        return b"USING %s\r\n" % self.used.encode()
+
+    def _list_tubes(self, event: ev.ListTubes) -> bytes:
+        self.server.commands["list-tubes"] += 1
+        return _ok(stats.render_list(self.server.tube_names()))
+
+    def _list_tubes_watched(self, event: ev.ListTubesWatched) -> bytes:
+        self.server.commands["list-tubes-watched"] += 1
+        return _ok(stats.render_list(self.watched))
+
+    def _pause_tube(self, event: ev.PauseTube) -> bytes:
+        server = self.server
+        if event.tube not in server.broker.topics:
+            return bc.NOT_FOUND
+        server.commands["pause-tube"] += 1
+        server.tube_pauses[event.tube] += 1
+        group = server.group(event.tube, create=True)
+        if group is not None:
+            group.pause_for(event.delay)
+        return bc.PAUSED
+
+    # -- peek and kick --------------------------------------------------------------
+
+    def _peek(self, event: ev.Peek) -> bytes:
+        self.server.commands["peek"] += 1
+        found = self.server.find_job(event.id)
+        return bc.NOT_FOUND if found is None else _job_reply(b"FOUND", found[1])
+
+    def _used_view(self) -> Group | Topic | None:
+        return self.server.view(self.used)
+
+    def _peek_ready(self, event: ev.PeekReady) -> bytes:
+        self.server.commands["peek-ready"] += 1
+        view = self._used_view()
+        msg: Message | None = None
+        if isinstance(view, Group):
+            msg = view.ready.peek()
+        elif view is not None:
+            now = trio.current_time()
+            ready = [m for m in view.backlog if m.deliver_at <= now]
+            msg = min(ready, key=lambda m: (m.priority, m.id), default=None)
+        return bc.NOT_FOUND if msg is None else _job_reply(b"FOUND", msg)
+
+    def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
+        self.server.commands["peek-delayed"] += 1
+        view = self._used_view()
+        msg: Message | None = None
+        if isinstance(view, Group):
+            msg = view.deferred[0][2] if view.deferred else None
+        elif view is not None:
+            now = trio.current_time()
+            delayed = [m for m in view.backlog if m.deliver_at > now]
+            msg = min(delayed, key=lambda m: (m.deliver_at, m.id), default=None)
+        return bc.NOT_FOUND if msg is None else _job_reply(b"FOUND", msg)
+
+    def _peek_buried(self, event: ev.PeekBuried) -> bytes:
+        self.server.commands["peek-buried"] += 1
+        view = self._used_view()
+        if isinstance(view, Group) and view.buried:
+            return _job_reply(b"FOUND", next(iter(view.buried.values())))
+        return bc.NOT_FOUND
+
+    def _kick(self, event: ev.Kick) -> bytes:
+        self.server.commands["kick"] += 1
+        group = self.server.group(self.used, create=True)
+        return b"KICKED %d\r\n" % (group.kick(event.bound) if group is not None else 0)
+
+    def _kick_job(self, event: ev.KickJob) -> bytes:
+        found = self.server.find_job(event.id)
+        if found is None or found[0] not in ("buried", "delayed"):
+            return bc.NOT_FOUND
+        _, msg, view = found
+        group = view if isinstance(view, Group) else self.server.group(msg.topic, create=True)
+        if group is None or not group.kick_message(event.id):
+            return bc.NOT_FOUND
+        return bc.KICKED
+
+    # -- stats ---------------------------------------------------------------------------
+
+    def _stats_job(self, event: ev.StatsJob) -> bytes:
+        self.server.commands["stats-job"] += 1
+        found = self.server.find_job(event.id)
+        if found is None:
+            return bc.NOT_FOUND
+        state, msg, view = found
+        return _ok(stats.render(stats.stats_job(state, msg, view, self.server.default_ttr)))
+
+    def _stats_tube(self, event: ev.StatsTube) -> bytes:
+        server = self.server
+        server.commands["stats-tube"] += 1
+        if event.tube not in server.broker.topics:
+            return bc.NOT_FOUND
+        return _ok(stats.render(stats.stats_tube(server, event.tube, server.view(event.tube))))
+
+    def _stats(self, event: ev.Stats) -> bytes:
+        self.server.commands["stats"] += 1
+        return _ok(stats.render(stats.stats(self.server)))
+
+
+_HANDLERS = {
+    ev.Use: BeanstalkSession._use,
+    ev.Delete: BeanstalkSession._delete,
+    ev.Release: BeanstalkSession._release,
+    ev.Bury: BeanstalkSession._bury,
+    ev.Touch: BeanstalkSession._touch,
+    ev.ReserveJob: BeanstalkSession._reserve_job,
+    ev.Watch: BeanstalkSession._watch,
+    ev.Ignore: BeanstalkSession._ignore,
+    ev.Peek: BeanstalkSession._peek,
+    ev.PeekReady: BeanstalkSession._peek_ready,
+    ev.PeekDelayed: BeanstalkSession._peek_delayed,
+    ev.PeekBuried: BeanstalkSession._peek_buried,
+    ev.Kick: BeanstalkSession._kick,
+    ev.KickJob: BeanstalkSession._kick_job,
+    ev.StatsJob: BeanstalkSession._stats_job,
+    ev.StatsTube: BeanstalkSession._stats_tube,
+    ev.Stats: BeanstalkSession._stats,
+    ev.ListTubes: BeanstalkSession._list_tubes,
+    ev.ListTubeUsed: BeanstalkSession._list_tube_used,
+    ev.ListTubesWatched: BeanstalkSession._list_tubes_watched,
+    ev.PauseTube: BeanstalkSession._pause_tube,
+}

@@ -1,0 +1,175 @@
+"""The YAML documents of stats, stats-tube and stats-job, with beanstalkd 1.13's keys in
+its order and its quoting (strings quoted; list entries never are)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import trio
+
+from gateway.broker import Group, Topic
+from gateway.model import Message
+from gateway.protocols.beanstalk.server import URGENT, BeanstalkServer
+
+VERSION = "1.13"
+_BINLOG_MAX_SIZE = 10485760  # beanstalkd's default -s; the gateway has no binlog
+
+Pairs = list[tuple[str, int | str]]
+
+
+def quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(pairs: Pairs) -> bytes:
+    """`---\\n` then one `key: value` line per pair: beanstalkd's YAML, no blank line."""
+    return ("---\n" + "".join(f"{key}: {value}\n" for key, value in pairs)).encode()
+
+
+def render_list(names: list[str]) -> bytes:
+    return ("---\n" + "".join(f"- {name}\n" for name in names)).encode()
+
+
+def tube_counts(view: Group | Topic, now: float) -> tuple[int, int, int, int, int]:
+    """(urgent, ready, reserved, delayed, buried) of a tube's group, or of its backlog."""
+    if isinstance(view, Group):
+        return (
+            view.ready.count_below(URGENT),
+            len(view.ready),
+            len(view.in_flight),
+            len(view.deferred),
+            len(view.buried),
+        )
+    ready = [m for m in view.backlog if m.deliver_at <= now]
+    urgent = sum(1 for m in ready if m.priority < URGENT)
+    return urgent, len(ready), 0, len(view.backlog) - len(ready), 0
+
+
+def stats_tube(server: BeanstalkServer, tube: str, view: Group | Topic | None) -> Pairs:
+    now = trio.current_time()
+    urgent, ready, reserved, delayed, buried = (
+        tube_counts(view, now) if view is not None else (0, 0, 0, 0, 0)
+    )
+    topic = server.broker.topics.get(tube)
+    waiting = sum(1 for s in server.sessions if s.waiting and tube in s.watched)
+    paused = view.pause_length if isinstance(view, Group) and view.pause_until > now else 0
+    left = int(view.pause_until - now) if paused and isinstance(view, Group) else 0
+    return [
+        ("name", quoted(tube)),
+        ("current-jobs-urgent", urgent),
+        ("current-jobs-ready", ready),
+        ("current-jobs-reserved", reserved),
+        ("current-jobs-delayed", delayed),
+        ("current-jobs-buried", buried),
+        ("total-jobs", topic.message_count if topic is not None else 0),
+        ("current-using", server.using[tube]),
+        ("current-watching", server.watching[tube]),
+        ("current-waiting", waiting),
+        ("cmd-delete", server.tube_deletes[tube]),
+        ("cmd-pause-tube", server.tube_pauses[tube]),
+        ("pause", paused),
+        ("pause-time-left", left),
+    ]
+
+
+def stats_job(state: str, msg: Message, view: Group | Topic, default_ttr: int) -> Pairs:
+    now = trio.current_time()
+    if state == "reserved" and isinstance(view, Group):
+        left = int(view.in_flight[msg.id].deadline - now)
+    elif state == "delayed":
+        left = int(msg.deliver_at - now)
+    else:
+        left = 0
+    js = msg.stats
+    return [
+        ("id", msg.id),
+        ("tube", quoted(msg.topic)),
+        ("state", state),
+        ("pri", msg.priority),
+        ("age", max(0, (time.time_ns() - msg.timestamp) // 1_000_000_000)),
+        ("delay", js.delay if js else 0),
+        ("ttr", int(msg.ttr) or default_ttr),  # a message from NSQ has none: workers get this
+        ("time-left", max(0, left)),
+        ("file", 0),
+        ("reserves", msg.attempts),
+        ("timeouts", js.timeouts if js else 0),
+        ("releases", js.releases if js else 0),
+        ("buries", js.buries if js else 0),
+        ("kicks", js.kicks if js else 0),
+    ]
+
+
+_COMMANDS = (
+    "put",
+    "peek",
+    "peek-ready",
+    "peek-delayed",
+    "peek-buried",
+    "reserve",
+    "reserve-with-timeout",
+    "delete",
+    "release",
+    "use",
+    "watch",
+    "ignore",
+    "bury",
+    "kick",
+    "touch",
+    "stats",
+    "stats-job",
+    "stats-tube",
+    "list-tubes",
+    "list-tube-used",
+    "list-tubes-watched",
+    "pause-tube",
+)
+
+
+def stats(server: BeanstalkServer) -> Pairs:
+    now = trio.current_time()
+    totals = [0, 0, 0, 0, 0]
+    for name in server.tube_names():
+        view = server.view(name)
+        if view is not None:
+            for i, n in enumerate(tube_counts(view, now)):
+                totals[i] += n
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    uname = os.uname()
+    sessions = server.sessions
+    pairs: Pairs = [
+        ("current-jobs-urgent", totals[0]),
+        ("current-jobs-ready", totals[1]),
+        ("current-jobs-reserved", totals[2]),
+        ("current-jobs-delayed", totals[3]),
+        ("current-jobs-buried", totals[4]),
+    ]
+    pairs += [(f"cmd-{name}", server.commands[name]) for name in _COMMANDS]
+    pairs += [
+        ("job-timeouts", server.broker.timeout_count),
+        ("total-jobs", server.broker.published_count),
+        ("max-job-size", server.max_job_size),
+        ("current-tubes", len(server.tube_names())),
+        ("current-connections", len(sessions)),
+        ("current-producers", sum(1 for s in sessions if s.is_producer)),
+        ("current-workers", sum(1 for s in sessions if s.is_worker)),
+        ("current-waiting", sum(1 for s in sessions if s.waiting)),
+        ("total-connections", server.total_connections),
+        ("pid", server.pid),
+        ("version", quoted(VERSION)),
+        ("rusage-utime", f"{usage.ru_utime:.6f}"),
+        ("rusage-stime", f"{usage.ru_stime:.6f}"),
+        ("uptime", int(time.time() - server.started)),
+        ("binlog-oldest-index", 0),
+        ("binlog-current-index", 0),
+        ("binlog-records-migrated", 0),
+        ("binlog-records-written", 0),
+        ("binlog-max-size", _BINLOG_MAX_SIZE),
+        ("draining", "true" if server.draining else "false"),
+        ("id", server.instance_id),
+        ("hostname", quoted(uname.nodename)),
+        ("os", quoted(uname.version)),
+        ("platform", quoted(uname.machine)),
+    ]
+    return pairs
