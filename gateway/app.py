@@ -13,11 +13,11 @@ import trio
 from gateway.broker import Broker
 from gateway.config import Settings
 from gateway.metrics import Metrics
+from gateway.protocols.beanstalk.server import BeanstalkServer
+from gateway.protocols.beanstalk.session import BeanstalkSession
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
 from gateway.protocols.nsq.negotiation import ServerFeatures
-from gateway.protocols.beanstalk.server import BeanstalkServer
-from gateway.protocols.beanstalk.session import BeanstalkSession
 from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store

@@ -8,6 +8,7 @@ reserve-with-timeout).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -75,6 +76,11 @@ def feed_chunks(chunks: list[bytes], max_job_size: int = 65535) -> list[ev.Event
 
 def bytewise(data: bytes) -> list[bytes]:
     return [data[i : i + 1] for i in range(len(data))]
+
+
+def cut(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 # -- section 14, parsing rows ---------------------------------------------------------------
@@ -398,7 +404,10 @@ PROT_C: list[tuple[bytes, list[ev.Event]]] = [
     (b"put 0 0 1 1\r\n\r\n\r\n", [NO_CRLF]),  # body "\r", then "\n\r" is not CRLF
     (b"release 1 2 3\r\n", [ev.Release(1, 2, 3)]),
     (b"release  1  2  3\r\n", [ev.Release(1, 2, 3)]),
-    (b"release 18446744073709551615 4294967295 4294967295\r\n", [ev.Release(2**64 - 1, 2**32 - 1, 2**32 - 1)]),
+    (
+        b"release 18446744073709551615 4294967295 4294967295\r\n",
+        [ev.Release(2**64 - 1, 2**32 - 1, 2**32 - 1)],
+    ),
     (b"release 1 4294967296 0\r\n", [BAD]),
     (b"release 1 0 4294967296\r\n", [BAD]),
     (b"release 1 0 0 \r\n", [BAD]),
@@ -591,8 +600,11 @@ def prot_c_framing(stream: bytes, reads: list[int]) -> list[bytes | None]:
 
 # long runs to cross the 224-byte windows, CRs with and without LF to end or spoil them
 _FRAGMENTS = st.sampled_from(
-    [b"a", b"x" * 37, b"x" * 150, b"x" * 222, b"\r", b"\r", b"\n", b"\r\n", b"\r\n"]
-    + [b" ", b"\x00", b"use ", b"stats"]
+    [
+        *(b"a", b"x" * 37, b"x" * 150, b"x" * 222),
+        *(b"\r", b"\r", b"\n", b"\r\n", b"\r\n"),
+        *(b" ", b"\x00", b"use ", b"stats"),
+    ]
 )
 
 
@@ -607,8 +619,7 @@ def test_line_framing_matches_prot_c(parts: list[bytes], reads: list[int], cuts:
     expected: list[ev.Event] = []
     for line in prot_c_framing(stream, reads):
         expected += [BAD] if line is None else feed(line + b"\r\n")
-    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    chunks = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    chunks = cut(stream, cuts)
     assert feed_chunks(chunks) == expected
 
 
@@ -696,8 +707,7 @@ _commands = st.one_of(
 @given(commands=st.lists(_commands, max_size=20), cuts=st.lists(st.integers(0, 10000)))
 def test_round_trip(commands: list[ev.Event], cuts: list[int]) -> None:
     stream = b"".join(_wire(c) for c in commands)
-    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    chunks = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    chunks = cut(stream, cuts)
     assert feed_chunks(chunks) == commands
 
 
@@ -750,8 +760,7 @@ def test_garbage_yields_events_only(parts: list[bytes], cuts: list[int], max_job
     stream = b"".join(parts).replace(b"quit", b"qu!t")  # quit would stop everything early
     whole = feed(stream, max_job_size)
     assert all(isinstance(e, ev.Event) for e in whole)
-    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    chunks = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    chunks = cut(stream, cuts)
     assert feed_chunks(chunks, max_job_size) == whole
 
 

@@ -2,8 +2,8 @@
 
 `BeanstalkCodec` turns the bytes of one connection into the events of events.py, with the
 same line framing, command matching and argument checks as prot.c, so every malformed
-input gets the reply a real beanstalkd sends (docs: /work/shared/protocols/beanstalkd.md,
-sections 1-5). Replies for the client come from the pure functions and constants at the
+input gets the reply a real beanstalkd sends (shared/protocols/beanstalkd.md, sections
+1-5). Replies for the client come from the pure functions and constants at the
 end of this module. No sockets, no clock, no broker in here.
 
 Reading is pull-style (h11): feed bytes with `receive_data`, then call `next_event` until
@@ -271,7 +271,7 @@ class BeanstalkCodec:
                 data = data[skip:]
                 self._skip = 0
             elif self._mode == _CLOSED:
-                return
+                return  # after quit beanstalkd closes; nothing more is parsed or kept
         buf = self._buf
         if self._pos:
             # one deletion per chunk, not per event; deleting a bytearray's head is cheap

@@ -17,12 +17,13 @@ import math
 
 import trio
 
-from gateway.broker import Consumer, Group, Outcome, Topic
+from gateway.broker import Consumer, Group, Topic
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk import stats
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
+from gateway.tcp import receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.beanstalk")
 
@@ -58,7 +59,9 @@ class BeanstalkSession:
         self._got_event = trio.Event()
         self._out: list[bytes] = []
         self._eof = False
+        self._fd = socket_fd(stream)
         self._metrics = server.metrics
+        self._bytes_out = server.metrics.bytes_out.labels("beanstalk")
 
     # -- life cycle ------------------------------------------------------------
 
@@ -75,7 +78,7 @@ class BeanstalkSession:
         bytes_in = m.bytes_in.labels("beanstalk")
         try:
             while not self._eof:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
                 if not data:
                     break
                 bytes_in.inc(len(data))
@@ -85,6 +88,7 @@ class BeanstalkSession:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            self._fd = None  # never write to a descriptor number that may be reused
             self._cleanup()
             m.connections.labels("beanstalk").dec()
             with trio.CancelScope(shield=True):
@@ -133,10 +137,8 @@ class BeanstalkSession:
                 break
             else:
                 handler = _HANDLERS.get(cls)
-                if handler is None:  # Reply, PutRejected
-                    reply = self._rejected(event)
-                else:
-                    reply = handler(self, event)
+                # no handler: Reply or PutRejected
+                reply = self._rejected(event) if handler is None else handler(self, event)
             out.append(reply)
             if self._eof:
                 keep_open = False
@@ -147,11 +149,17 @@ class BeanstalkSession:
         return keep_open
 
     async def _flush(self) -> None:
-        if self._out:
-            data = b"".join(self._out)
-            self._out = []
-            self._metrics.bytes_out.labels("beanstalk").inc(len(data))
-            await self.stream.send_all(data)
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out = []
+        self._bytes_out.inc(len(data))
+        if self._fd is not None:
+            sent = try_write(self._fd, data)
+            if sent == len(data):
+                return
+            data = data[sent:]
+        await self.stream.send_all(data)
 
     def _rejected(self, event: object) -> bytes:
         if isinstance(event, ev.PutRejected):
@@ -232,7 +240,7 @@ class BeanstalkSession:
         """While a reserve blocks, keep reading (buffered, not executed) to see a close."""
         while self.codec.buffered < _MAX_BUFFERED_WHILE_WAITING:
             try:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if not data:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from gateway.protocols.nsq.negotiation import (
     negotiation_response,
 )
 from gateway.protocols.nsq.server import NSQServer
+from gateway.tcp import receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.nsq")
 
@@ -107,9 +107,7 @@ class NSQSession:
         self._send_idle = trio.Event()
         # Plain TCP: try one non-blocking write before falling back to send_all, whose
         # every call yields to the scheduler. None once TLS wraps the stream.
-        self._fd: int | None = (
-            stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
-        )
+        self._fd = socket_fd(stream)
         self._blocked_sends = 0  # sends that had to wait for the socket, and finished
         self._blocked = False  # a send is waiting for the socket now
         self._holding = False  # a command batch is running: the writer waits for it
@@ -156,7 +154,7 @@ class NSQSession:
                 if self._out_bytes > self.server.max_output_bytes:
                     # the client does not read: stop reading its commands until it does
                     await self._flush_output(force=True)
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
                 if not data:
                     return
                 bytes_in.inc(len(data))
@@ -531,12 +529,7 @@ class NSQSession:
             data = self._encode(data)
         self._bytes_out.inc(len(data))
         if self._fd is not None:
-            try:
-                sent = os.write(self._fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            sent = try_write(self._fd, data)
             if sent == len(data):
                 return  # the common case: the socket buffer took it all, no yield
             data = memoryview(data)[sent:]  # type: ignore[assignment]
