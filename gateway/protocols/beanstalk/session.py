@@ -32,15 +32,6 @@ _SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
 _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
 
 
-def _job_reply(word: bytes, msg: Message) -> bytes:
-    body = msg.body
-    return b"%s %d %d\r\n%s\r\n" % (word, msg.id, len(body), body)
-
-
-def _ok(data: bytes) -> bytes:
-    return b"OK %d\r\n%s\r\n" % (len(data), data)
-
-
 class BeanstalkSession:
     def __init__(self, server: BeanstalkServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
@@ -187,7 +178,7 @@ class BeanstalkSession:
             ttr=float(event.ttr),
             origin=f"beanstalk {self.remote}",
         )
-        return b"INSERTED %d\r\n" % msg.id
+        return bc.inserted(msg.id)
 
     # -- reserve -------------------------------------------------------------------
 
@@ -284,7 +275,7 @@ class BeanstalkSession:
         msg = self._got
         assert msg is not None
         self._got = None
-        return _job_reply(b"RESERVED", msg)
+        return bc.reserved(msg.id, msg.body)
 
     def _close_windows(self) -> None:
         # 0, not in_flight: a later delete or release must not reopen a window
@@ -388,7 +379,7 @@ class BeanstalkSession:
             server.using[event.tube] += 1
             server.ensure_tube(event.tube)
             server.release_tube(old)
-        return b"USING %s\r\n" % event.tube.encode()
+        return bc.using(event.tube)
 
     def _watch(self, event: ev.Watch) -> bytes:
         server = self.server
@@ -397,7 +388,7 @@ class BeanstalkSession:
             self.watched.append(event.tube)
             server.watching[event.tube] += 1
             self._consumer(event.tube)
-        return b"WATCHING %d\r\n" % len(self.watched)
+        return bc.watching(len(self.watched))
 
     def _ignore(self, event: ev.Ignore) -> bytes:
         server = self.server
@@ -416,19 +407,19 @@ class BeanstalkSession:
                 consumer.group.detach(consumer, requeue=False)
                 del self.consumers[tube]
             server.release_tube(tube)
-        return b"WATCHING %d\r\n" % len(self.watched)
+        return bc.watching(len(self.watched))
 
     def _list_tube_used(self, event: ev.ListTubeUsed) -> bytes:
         self.server.commands["list-tube-used"] += 1
-        return b"USING %s\r\n" % self.used.encode()
+        return bc.using(self.used)
 
     def _list_tubes(self, event: ev.ListTubes) -> bytes:
         self.server.commands["list-tubes"] += 1
-        return _ok(stats.render_list(self.server.tube_names()))
+        return bc.ok_yaml(bc.yaml_list(self.server.tube_names()))
 
     def _list_tubes_watched(self, event: ev.ListTubesWatched) -> bytes:
         self.server.commands["list-tubes-watched"] += 1
-        return _ok(stats.render_list(self.watched))
+        return bc.ok_yaml(bc.yaml_list(self.watched))
 
     def _pause_tube(self, event: ev.PauseTube) -> bytes:
         server = self.server
@@ -446,7 +437,7 @@ class BeanstalkSession:
     def _peek(self, event: ev.Peek) -> bytes:
         self.server.commands["peek"] += 1
         found = self.server.find_job(event.id)
-        return bc.NOT_FOUND if found is None else _job_reply(b"FOUND", found[1])
+        return bc.NOT_FOUND if found is None else bc.found(found[1].id, found[1].body)
 
     def _used_view(self) -> Group | Topic | None:
         return self.server.view(self.used)
@@ -461,7 +452,7 @@ class BeanstalkSession:
             now = trio.current_time()
             ready = [m for m in view.backlog if m.deliver_at <= now]
             msg = min(ready, key=lambda m: (m.priority, m.id), default=None)
-        return bc.NOT_FOUND if msg is None else _job_reply(b"FOUND", msg)
+        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
 
     def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
         self.server.commands["peek-delayed"] += 1
@@ -473,19 +464,20 @@ class BeanstalkSession:
             now = trio.current_time()
             delayed = [m for m in view.backlog if m.deliver_at > now]
             msg = min(delayed, key=lambda m: (m.deliver_at, m.id), default=None)
-        return bc.NOT_FOUND if msg is None else _job_reply(b"FOUND", msg)
+        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
 
     def _peek_buried(self, event: ev.PeekBuried) -> bytes:
         self.server.commands["peek-buried"] += 1
         view = self._used_view()
         if isinstance(view, Group) and view.buried:
-            return _job_reply(b"FOUND", next(iter(view.buried.values())))
+            oldest = next(iter(view.buried.values()))
+            return bc.found(oldest.id, oldest.body)
         return bc.NOT_FOUND
 
     def _kick(self, event: ev.Kick) -> bytes:
         self.server.commands["kick"] += 1
         group = self.server.group(self.used, create=True)
-        return b"KICKED %d\r\n" % (group.kick(event.bound) if group is not None else 0)
+        return bc.kicked(group.kick(event.bound) if group is not None else 0)
 
     def _kick_job(self, event: ev.KickJob) -> bytes:
         found = self.server.find_job(event.id)
@@ -505,18 +497,20 @@ class BeanstalkSession:
         if found is None:
             return bc.NOT_FOUND
         state, msg, view = found
-        return _ok(stats.render(stats.stats_job(state, msg, view, self.server.default_ttr)))
+        return bc.ok_yaml(bc.yaml_dict(stats.stats_job(state, msg, view, self.server.default_ttr)))
 
     def _stats_tube(self, event: ev.StatsTube) -> bytes:
         server = self.server
         server.commands["stats-tube"] += 1
         if event.tube not in server.broker.topics:
             return bc.NOT_FOUND
-        return _ok(stats.render(stats.stats_tube(server, event.tube, server.view(event.tube))))
+        return bc.ok_yaml(
+            bc.yaml_dict(stats.stats_tube(server, event.tube, server.view(event.tube)))
+        )
 
     def _stats(self, event: ev.Stats) -> bytes:
         self.server.commands["stats"] += 1
-        return _ok(stats.render(stats.stats(self.server)))
+        return bc.ok_yaml(bc.yaml_dict(stats.stats(self.server)))
 
 
 _HANDLERS = {

@@ -11,25 +11,13 @@ import trio
 
 from gateway.broker import Group, Topic
 from gateway.model import Message
+from gateway.protocols.beanstalk.codec import quoted
 from gateway.protocols.beanstalk.server import URGENT, BeanstalkServer
 
 VERSION = "1.13"
 _BINLOG_MAX_SIZE = 10485760  # beanstalkd's default -s; the gateway has no binlog
 
-Pairs = list[tuple[str, int | str]]
-
-
-def quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def render(pairs: Pairs) -> bytes:
-    """`---\\n` then one `key: value` line per pair: beanstalkd's YAML, no blank line."""
-    return ("---\n" + "".join(f"{key}: {value}\n" for key, value in pairs)).encode()
-
-
-def render_list(names: list[str]) -> bytes:
-    return ("---\n" + "".join(f"- {name}\n" for name in names)).encode()
+Pairs = list[tuple[str, int | str | bool]]
 
 
 def tube_counts(view: Group | Topic, now: float) -> tuple[int, int, int, int, int]:
@@ -166,7 +154,7 @@ def stats(server: BeanstalkServer) -> Pairs:
         ("binlog-records-migrated", 0),
         ("binlog-records-written", 0),
         ("binlog-max-size", _BINLOG_MAX_SIZE),
-        ("draining", "true" if server.draining else "false"),
+        ("draining", server.draining),
         ("id", server.instance_id),
         ("hostname", quoted(uname.nodename)),
         ("os", quoted(uname.version)),
