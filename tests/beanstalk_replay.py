@@ -327,7 +327,7 @@ def differences(
         step = case.steps[exp.index]
         sent = _show(step.send) if step.action == "send" else f"({step.action})"
         out.append(
-            f"step {exp.index} conn {step.conn} sends {sent}\n"
+            f"step {exp.index} (row {exp.index + 1}) conn {step.conn} sends {sent}\n"
             f"    {labels[0]}: {_show(exp.reply)} closed={exp.closed}\n"
             f"    {labels[1]}: {_show(got.reply)} closed={got.closed}"
         )
@@ -418,21 +418,39 @@ class CaseRun:
     results: list[StepResult] | None = None
     error: str | None = None
     elapsed: float = 0.0
+    attempts: int = 1
 
 
-async def run_case(case: Case, factory: ServerFactory) -> CaseRun:
+Accept = Callable[[Case, list[StepResult]], bool]
+
+
+async def run_case(
+    case: Case, factory: ServerFactory, *, attempts: int = 1, accept: Accept | None = None
+) -> CaseRun:
+    """Replay `case` on a fresh server from `factory`. With `accept`, a result it rejects is
+    replayed again on another fresh server, up to `attempts` runs in all (for server races)."""
     start = trio.current_time()
-    try:
-        async with factory(case) as target:
-            results = await replay_case(case, target.connect, target.signal_server)
-    except Exception as exc:  # reported by the test of that case
-        text = "".join(traceback.format_exception(exc))
-        return CaseRun(error=text, elapsed=trio.current_time() - start)
-    return CaseRun(results=results, elapsed=trio.current_time() - start)
+    run = CaseRun()
+    for attempt in range(1, attempts + 1):
+        run = CaseRun(attempts=attempt)
+        try:
+            async with factory(case) as target:
+                run.results = await replay_case(case, target.connect, target.signal_server)
+        except Exception as exc:  # reported by the test of that case
+            run.error = "".join(traceback.format_exception(exc))
+        if run.results is not None and (accept is None or accept(case, run.results)):
+            break
+    run.elapsed = trio.current_time() - start
+    return run
 
 
 async def run_cases(
-    cases: Sequence[Case], factory: ServerFactory, *, concurrency: int = 12
+    cases: Sequence[Case],
+    factory: ServerFactory,
+    *,
+    concurrency: int = 12,
+    attempts: Callable[[Case], int] = lambda case: 1,
+    accept: Accept | None = None,
 ) -> dict[str, CaseRun]:
     """Each case against its own fresh server, up to `concurrency` cases at a time."""
     limiter = trio.CapacityLimiter(concurrency)
@@ -440,7 +458,7 @@ async def run_cases(
 
     async def one(case: Case) -> None:
         async with limiter:
-            runs[case.name] = await run_case(case, factory)
+            runs[case.name] = await run_case(case, factory, attempts=attempts(case), accept=accept)
 
     async with trio.open_nursery() as nursery:
         for case in cases:

@@ -21,7 +21,8 @@ Replies are compared after masking (``tests.beanstalk_replay.mask``): the digits
 reply that holds them. No case sends a server-wide ``stats``; if one did, its per-process fields
 (pid, uptime, rusage-*, id, hostname, os, platform) would be masked too.
 
-Where 1.12 and 1.13 differ in the recording (notes section 13):
+Where 1.12 and 1.13 differ in the recording (notes section 13; step numbers are 0-based
+indexes into the JSON steps, one less than the table rows in section 14):
 
 * YAML quoting only: ``tube: "default"`` in stats-job and ``name: "<tube>"`` in stats-tube are
   quoted by 1.13 (``OK <n>`` two bytes longer). Cases: put_extremes_ok (step 4),
@@ -37,8 +38,20 @@ Where 1.12 and 1.13 differ in the recording (notes section 13):
   ``reserve-with-timeout -1`` 1.12 no reply (the connection is still blocked in the previous
   reserve), 1.13 ``BAD_FORMAT``.
 
-Everything else is identical in both recordings. The JSON file is expected at
-``<repo>/../shared/protocols/`` (the CI layout); a missing file fails the tests.
+Everything else is identical in both recordings.
+
+A race in the real beanstalkd (1.12 and 1.13 alike), case deadline_soon_and_timeout: the server's
+clock has microsecond resolution (``gettimeofday``) and ``conn_timeout`` (prot.c) releases a
+reserved job only when ``deadline_at < now``. When the connection's tick runs within the very
+microsecond of the deadline (likely: epoll's millisecond timeout wakes it early, then it spins),
+the job is not released and the connection is not rescheduled, so the TTR expiry is lost until
+the connection next changes state: ``stats-job 1`` 1.3 s later still says ``state: reserved``,
+``timeouts: 0`` (about one replay in six here). The recording shows the intended behaviour (the
+job back in ready, ``timeouts: 1``), so the harness replays that case on a fresh beanstalkd until
+it reproduces the recording (``BEANSTALKD_RACES``); the gateway gets one attempt.
+
+The JSON file is expected at ``<repo>/../shared/protocols/`` (the CI layout); a missing file
+fails the tests.
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ import trio
 from tests.beanstalk_replay import (
     Case,
     CaseRun,
+    StepResult,
     Target,
     beanstalkd_target,
     differences,
@@ -135,9 +149,32 @@ def _selected(request: pytest.FixtureRequest, fixture: str) -> list[Case]:
     return [case for name, case in CASES.items() if name in names]
 
 
+# beanstalkd itself sometimes loses a TTR expiry when the connection holding the job is
+# idle (its timer can fire in the same microsecond as the deadline, conn_timeout then
+# finds the job not yet expired and never reschedules; 1.12 and master alike). A case run
+# that the real server got wrong against its own recording is run again, alone, on a new
+# server, up to this many times. The gateway side is never retried.
+_BEANSTALKD_RETRIES = 2
+
+
+def _matches_recording(run: CaseRun, case: Case) -> bool:
+    if run.results is None:
+        return False
+    expected = [masked(r) for r in case.recorded("1.12")]
+    got = [masked(r) for r in run.results]
+    return not differences(case, expected, got, labels=("recorded 1.12", "live 1.12"))
+
+
 @pytest.fixture(scope="session")
 def beanstalkd_runs(request: pytest.FixtureRequest) -> dict[str, CaseRun]:
-    return trio.run(run_cases, _selected(request, "beanstalkd_runs"), beanstalkd_target)
+    cases = _selected(request, "beanstalkd_runs")
+    runs = trio.run(run_cases, cases, beanstalkd_target)
+    for case in cases:
+        for _ in range(_BEANSTALKD_RETRIES):
+            if _matches_recording(runs[case.name], case):
+                break
+            runs[case.name] = trio.run(run_cases, [case], beanstalkd_target)[case.name]
+    return runs
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +182,7 @@ def gateway_runs(request: pytest.FixtureRequest) -> dict[str, CaseRun]:
     return trio.run(run_cases, _selected(request, "gateway_runs"), gateway_target)
 
 
-def _results(runs: dict[str, CaseRun], case: Case, server: str) -> list[Any]:
+def _results(runs: dict[str, CaseRun], case: Case, server: str) -> list[StepResult]:
     run = runs[case.name]
     if run.results is None:
         pytest.fail(f"{case.name}: the {server} run failed:\n{run.error}", pytrace=False)
@@ -204,3 +241,19 @@ def test_recorded_version_differences_are_documented() -> None:
         _case(MISSING)
     differing = {name: case.differing_steps() for name, case in CASES.items()}
     assert {k: v for k, v in differing.items() if v} == {"reserve_timeouts": [2, 4, 5, 6]}
+    quoting = {name: case.quoting_steps() for name, case in CASES.items()}
+    assert {k: v for k, v in quoting.items() if v} == {
+        "put_extremes_ok": [4],
+        "reserve_blocks_until_put": [3],
+        "non_owner_release_bury_touch": [10],
+        "bury_kick_flow": [4, 9],
+        "ttr_zero_becomes_one": [1],
+        "pause_tube": [7],
+        "stats_job_reserved": [2],
+        "fresh_server_listings": [3],
+        "disconnect_releases_reserved": [4],
+        "deadline_soon_and_timeout": [5, 8],
+        "delayed_promotion": [2],
+        "release_with_delay": [3],
+        "stats_tube_counts": [7],
+    }
