@@ -102,13 +102,14 @@ class Group:
 
     # -- putting messages in -------------------------------------------------
 
-    def put(self, messages: list[Message], now: float, *, fresh: bool = False) -> None:
+    def put(self, messages: list[Message], *, fresh: bool = False) -> None:
         """New messages (already recorded in the store by the topic). `fresh`: one
         publish, so one priority and one deliver_at, ids ascending."""
         self.message_count += len(messages)
         if fresh and messages and messages[0].deliver_at == 0.0:
             self.ready.extend(messages)
         else:
+            now = trio.current_time()
             ready = self.ready
             for msg in messages:
                 if msg.deliver_at > now:

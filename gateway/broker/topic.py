@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import trio
-
 from gateway.broker.group import Group
 from gateway.model import Message
 
@@ -40,14 +38,19 @@ class Topic:
         self._fan_out(messages, fresh=True)
 
     def _fan_out(self, messages: list[Message], *, fresh: bool = False) -> None:
-        now = trio.current_time()
+        if len(self.groups) == 1:  # the common case: no copies to make
+            for group in self.groups.values():
+                if group._store is not None:
+                    group._store.put(self.name, group.name, messages)
+                group.put(messages, fresh=fresh)
+            return
         groups = list(self.groups.values())
         # copy for every other group before any group sees them: a delivery changes attempts
         batches = [messages] + [[m.copy() for m in messages] for _ in groups[1:]]
         for group, batch in zip(groups, batches, strict=True):
             if group._store is not None:
                 group._store.put(self.name, group.name, batch)
-            group.put(batch, now, fresh=fresh)
+            group.put(batch, fresh=fresh)
 
     def group(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Group | None:
         group = self.groups.get(name)
@@ -59,7 +62,7 @@ class Topic:
                 group._store.add_group(self.name, name, adopt_backlog=adopt)
             if adopt:
                 backlog, self.backlog = self.backlog, []
-                group.put(backlog, trio.current_time())
+                group.put(backlog)
         return group
 
     def delete_group(self, name: str) -> bool:

@@ -59,10 +59,15 @@ class MemoryStore(Store):
     def put(self, topic: str, group: str | None, messages: Sequence[Message]) -> None:
         if not messages:
             return
-        t = self._topic(topic)
+        t = self._topics.get(topic) or self._topic(topic)
         target = t.backlog if group is None else self._group(t, group).messages
-        target.update(zip(map(_by_id, messages), messages, strict=True))
-        self._last_id = max(self._last_id, messages[-1].id)  # ids ascend within a publish
+        if len(messages) == 1:
+            target[messages[0].id] = messages[0]
+        else:
+            target.update(zip(map(_by_id, messages), messages, strict=True))
+        last = messages[-1].id  # ids ascend within a publish
+        if last > self._last_id:
+            self._last_id = last
 
     def _group(self, t: _Topic, group: str) -> _Group:
         g = t.groups.get(group)
