@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bodies", help="file of length-prefixed bodies to publish")
     p.add_argument("--pub", type=int, default=0, help="publish the first N bodies with PUB")
     p.add_argument("--batch", type=int, default=100, help="MPUB batch size for the rest")
+    p.add_argument("--defer", type=int, default=0, help="publish the PUB bodies with DPUB (ms)")
     # consumer
     p.add_argument("--count", type=int, default=0)
     p.add_argument("--max-in-flight", type=int, default=1)

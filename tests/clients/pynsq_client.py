@@ -64,7 +64,10 @@ async def publish(args: argparse.Namespace) -> int:
         result.commands = len(singles) + len(batches)
         # everything pipelined: the Writer matches the replies to the commands in order
         for body in singles:
-            writer.pub(args.topic, body, callback=replied)
+            if args.defer:
+                writer.dpub(args.topic, args.defer, body, callback=replied)
+            else:
+                writer.pub(args.topic, body, callback=replied)
         for batch in batches:
             writer.mpub(args.topic, batch, callback=replied)
 

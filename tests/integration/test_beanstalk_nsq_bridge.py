@@ -117,6 +117,29 @@ async def test_dpub_not_reservable_before_defer() -> None:
     assert defer_ms / 1000 - 0.01 <= waited < defer_ms / 1000 + 1.5, waited
 
 
+async def test_pynsq_dpub_not_reservable_before_defer(tmp_path: Path) -> None:
+    """The same with pynsq's own Writer.dpub: the job is delayed once pynsq has its OK, and a
+    waiting greenstalk reserve gets it no earlier than the defer after pynsq was started
+    (the DPUB cannot have been acknowledged before that)."""
+    defer_ms = 3000  # leaves room for the interpreter start of the pynsq process
+    body = b"pynsq deferred\r\n\x00"
+    path = h.write_corpus(tmp_path, [body])
+    async with running_gateway(beanstalk="127.0.0.1:0") as gw:
+        with trio.fail_after(30):
+            started = time.time()
+            pub = await h.run(
+                pynsq(gw, "pub", "dpub2", "--bodies", path, "--pub", 1, "--defer", defer_ms)
+            )
+            published = time.time()
+            stats = (await h.run(greenstalk(gw, "stats-tube", "dpub2")))["stats"]
+            late = await h.run(greenstalk(gw, "reserve", "dpub2", "--count", 1, "--timeout", 5))
+    h.assert_published(pub, 1)
+    assert published - started < defer_ms / 1000 - 0.2, "pynsq too slow to prove anything"
+    assert (stats["current-jobs-delayed"], stats["current-jobs-ready"]) == (1, 0), stats
+    assert not late["timed_out"] and [b for _, b in late["jobs"]] == [body.hex()], late
+    assert late["reserved_at"][0] - started >= defer_ms / 1000 - 0.01
+
+
 async def test_nsq_consumer_sees_beanstalk_priority_order(tmp_path: Path) -> None:
     """greenstalk puts 300 jobs with mixed priorities (several jobs per priority, puts
     interleaved) while no NSQ consumer exists; a pynsq Reader with max_in_flight 1 joining the
