@@ -37,18 +37,9 @@ from pathlib import Path
 
 import greenstalk
 
-if __package__ in (None, ""):  # run as a script: bench/ is not a package then
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import Address, GatewayProcess, Placement, format_table, make_placement, si
-else:  # python -m bench.beanstalk
-    from bench._common import (
-        Address,
-        GatewayProcess,
-        Placement,
-        format_table,
-        make_placement,
-        si,
-    )
+# bench/ is a folder of scripts: its helpers are found next to this file, however it is run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Address, GatewayProcess, Placement, format_table, make_placement, si
 
 BEANSTALKD = "/usr/bin/beanstalkd"
 TARGET_RATIO = 0.8  # gateway / beanstalkd, end to end

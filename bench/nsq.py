@@ -41,39 +41,23 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: bench/ is not a package then
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import (
-        Address,
-        GatewayProcess,
-        Placement,
-        Watchdog,
-        connect,
-        format_addr,
-        format_latency_us,
-        format_table,
-        make_placement,
-        parse_addr,
-        pid_listening_on,
-        process_cpu_seconds,
-        si,
-    )
-else:  # python -m bench.nsq
-    from bench._common import (
-        Address,
-        GatewayProcess,
-        Placement,
-        Watchdog,
-        connect,
-        format_addr,
-        format_latency_us,
-        format_table,
-        make_placement,
-        parse_addr,
-        pid_listening_on,
-        process_cpu_seconds,
-        si,
-    )
+# bench/ is a folder of scripts: its helpers are found next to this file, however it is run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    Address,
+    GatewayProcess,
+    Placement,
+    Watchdog,
+    connect,
+    format_addr,
+    format_latency_us,
+    format_table,
+    make_placement,
+    parse_addr,
+    pid_listening_on,
+    process_cpu_seconds,
+    si,
+)
 
 # -- wire constants (shared/protocols/nsq.md sections 1 and 4) ----------------------------
 

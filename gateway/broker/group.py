@@ -212,6 +212,15 @@ class Group:
     def take_any(self, consumer: Consumer, msg_id: int) -> Message | None:
         """Deliver one particular message that is ready, deferred or buried (beanstalkd
         reserve-job), whatever its state's queue and whatever the pause."""
+        msg = self._unqueue(msg_id)
+        if msg is None:
+            return None
+        msg.deliver_at = 0.0
+        self._deliver(consumer, msg, trio.current_time())
+        return msg
+
+    def _unqueue(self, msg_id: int) -> Message | None:
+        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
         found = self.find(msg_id)
         if found is None or found[0] == "reserved":
             return None
@@ -221,10 +230,8 @@ class Group:
         elif state == "delayed":
             self.deferred = [e for e in self.deferred if e[1] != msg_id]
             heapify(self.deferred)
-            msg.deliver_at = 0.0
         else:
             self.ready.remove(msg)
-        self._deliver(consumer, msg, trio.current_time())
         return msg
 
     # -- acknowledgements ------------------------------------------------------
@@ -427,17 +434,8 @@ class Group:
 
     def delete(self, msg_id: int) -> bool:
         """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
-        found = self.find(msg_id)
-        if found is None or found[0] == "reserved":
+        if self._unqueue(msg_id) is None:
             return False
-        state, msg = found
-        if state == "buried":
-            del self.buried[msg_id]
-        elif state == "delayed":
-            self.deferred = [e for e in self.deferred if e[1] != msg_id]
-            heapify(self.deferred)
-        else:
-            self.ready.remove(msg)
         if self._store is not None:
             self._store.remove(self.topic.name, self.name, (msg_id,))
         return True
