@@ -54,10 +54,12 @@ class BeanstalkServer:
     # -- tubes ------------------------------------------------------------------
 
     def ensure_tube(self, tube: str) -> Topic:
-        topic = self.broker.topic(tube)
-        assert topic is not None
-        if tube == DEFAULT_TUBE:
-            self.worker_group(tube)
+        topic = self.broker.topics.get(tube)
+        if topic is None:
+            topic = self.broker.topic(tube)
+            assert topic is not None
+            if tube == DEFAULT_TUBE:
+                self.worker_group(tube)
         return topic
 
     def group(self, tube: str, *, create: bool = False) -> Group | None:

@@ -30,6 +30,7 @@ log = logging.getLogger("gateway.beanstalk")
 _RECEIVE_SIZE = 65536
 _SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
 _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
+_METRIC_STEP = 65536
 
 
 class BeanstalkSession:
@@ -52,7 +53,13 @@ class BeanstalkSession:
         self._eof = False
         self._fd = socket_fd(stream)
         self._metrics = server.metrics
-        self._bytes_out = server.metrics.bytes_out.labels("beanstalk")
+        # byte counters go to Prometheus in 64 KiB steps (and at close), not per request:
+        # a labelled Counter.inc takes a lock, a real share of a 20 us round trip
+        self._bytes_in_counter = server.metrics.bytes_in.labels("beanstalk")
+        self._bytes_out_counter = server.metrics.bytes_out.labels("beanstalk")
+        self._unreported_in = 0
+        self._unreported_out = 0
+        self._origin = f"beanstalk {remote}"
 
     # -- life cycle ------------------------------------------------------------
 
@@ -66,13 +73,14 @@ class BeanstalkSession:
         m = self._metrics
         m.connections.labels("beanstalk").inc()
         m.connections_total.labels("beanstalk").inc()
-        bytes_in = m.bytes_in.labels("beanstalk")
         try:
             while not self._eof:
                 data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
                 if not data:
                     break
-                bytes_in.inc(len(data))
+                self._unreported_in += len(data)
+                if self._unreported_in > _METRIC_STEP:
+                    self._report_bytes()
                 self.codec.receive_data(data)
                 if not await self._process():
                     break
@@ -80,6 +88,7 @@ class BeanstalkSession:
             pass
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
+            self._report_bytes()
             self._cleanup()
             m.connections.labels("beanstalk").dec()
             with trio.CancelScope(shield=True):
@@ -139,12 +148,20 @@ class BeanstalkSession:
         await self._flush()
         return keep_open
 
+    def _report_bytes(self) -> None:
+        self._bytes_in_counter.inc(self._unreported_in)
+        self._bytes_out_counter.inc(self._unreported_out)
+        self._unreported_in = self._unreported_out = 0
+
     async def _flush(self) -> None:
-        if not self._out:
+        out = self._out
+        if not out:
             return
-        data = b"".join(self._out)
+        data = out[0] if len(out) == 1 else b"".join(out)
         self._out = []
-        self._bytes_out.inc(len(data))
+        self._unreported_out += len(data)
+        if self._unreported_out > _METRIC_STEP:
+            self._report_bytes()
         if self._fd is not None:
             sent = try_write(self._fd, data)
             if sent == len(data):
@@ -176,7 +193,7 @@ class BeanstalkSession:
             delay=float(event.delay),
             priority=event.pri,
             ttr=float(event.ttr),
-            origin=f"beanstalk {self.remote}",
+            origin=self._origin,
         )
         return bc.inserted(msg.id)
 
