@@ -84,13 +84,21 @@ COMPACT_BELOW = 256 << 10
 
 # -- the command-line contract of the gateway ------------------------------------------
 
-GATEWAY_ARGS = ["serve", "--nsq", "127.0.0.1:0", "--http", "off", "--store", "memory://"]
-# Listeners the CLI can switch off as well; add them with --other-listeners-off.
-OTHER_LISTENERS_OFF = [
+GATEWAY_ARGS = [
+    "serve",
+    "--nsq",
+    "127.0.0.1:0",
     "--beanstalk",
     "off",
     "--nats",
     "off",
+    "--http",
+    "off",
+    "--store",
+    "memory://",
+]
+# Listeners this build does not have yet; add them with --other-listeners-off.
+OTHER_LISTENERS_OFF = [
     "--nats-route",
     "off",
     "--rocketmq",

@@ -15,6 +15,8 @@ from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk.server import BeanstalkServer
 from gateway.protocols.beanstalk.session import BeanstalkSession
+from gateway.protocols.nats.client_session import NATSClientSession
+from gateway.protocols.nats.server import NATSServer
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
 from gateway.protocols.nsq.negotiation import ServerFeatures
@@ -64,6 +66,18 @@ class Gateway:
             group_name=s.beanstalkd.group,
             max_job_size=s.beanstalkd.max_job_size,
             default_ttr=s.beanstalkd.default_ttr,
+        )
+        n = s.nats_server
+        self.nats = NATSServer(
+            self.broker,
+            self.metrics,
+            max_payload=n.max_payload,
+            max_pending=n.max_pending,
+            max_control_line=n.max_control_line,
+            user=n.user,
+            password=n.password,
+            token=n.token,
+            server_name=n.server_name,
         )
 
     def _nsq_server(self) -> NSQServer:
@@ -118,6 +132,7 @@ class Gateway:
                 for protocol, handle in (
                     ("nsq", self._nsq_connection),
                     ("beanstalk", self._beanstalk_connection),
+                    ("nats", self._nats_connection),
                 ):
                     address = self.settings.address(protocol)
                     if address is not None:
@@ -137,6 +152,9 @@ class Gateway:
 
     async def _beanstalk_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await BeanstalkSession(self.beanstalk, stream, remote).run()
+
+    async def _nats_connection(self, stream: trio.SocketStream, remote: str) -> None:
+        await NATSClientSession(self.nats, stream, remote).run()
 
     def _announce(self, protocol: str, listeners: list[trio.SocketListener]) -> None:
         host, port = _bound_address(listeners[0])

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 OFF = "off"
 # Listeners that this build does not have yet: their setting exists so scripts can say
 # `--http off`, and anything but "off" is refused rather than silently ignored.
-NOT_YET_BUILT = ("http", "nats", "nats_route", "rocketmq")
+NOT_YET_BUILT = ("http", "nats_route", "rocketmq")
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -76,6 +76,18 @@ class BeanstalkSettings(_Section):
     default_ttr: int = Field(60, ge=1)  # seconds, for messages published without a ttr (NSQ, NATS)
 
 
+class NATSServerSettings(_Section):
+    """NATS client-protocol behaviour; defaults follow nats-server's."""
+
+    max_payload: int = Field(1048576, ge=1, le=64 * 1024 * 1024)
+    max_pending: int = Field(64 * 1024 * 1024, ge=65536)  # past it a client is a slow consumer
+    max_control_line: int = Field(4096, ge=256)
+    user: str | None = None  # user/password, or token: what CONNECT must carry
+    password: str | None = None
+    token: str | None = None
+    server_name: str = "gateway"
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -88,7 +100,7 @@ class Settings(_Section):
     nsq: str = "127.0.0.1:4150"
     http: str = OFF
     beanstalk: str = "127.0.0.1:11300"
-    nats: str = OFF
+    nats: str = "127.0.0.1:4222"
     nats_route: str = OFF
     nats_routes: list[str] = Field(default_factory=list)
     nats_cluster: str | None = None
@@ -97,9 +109,10 @@ class Settings(_Section):
     tls_key: str | None = None
     nsqd: NSQDSettings = Field(default_factory=NSQDSettings)
     beanstalkd: BeanstalkSettings = Field(default_factory=BeanstalkSettings)
+    nats_server: NATSServerSettings = Field(default_factory=NATSServerSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
 
-    @field_validator("nsq", "beanstalk")
+    @field_validator("nsq", "beanstalk", "nats")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
@@ -129,7 +142,12 @@ class Settings(_Section):
         return None if value == OFF else parse_address(value)
 
 
-_SECTIONS = {"nsqd": NSQDSettings, "beanstalkd": BeanstalkSettings, "broker": BrokerSettings}
+_SECTIONS = {
+    "nsqd": NSQDSettings,
+    "beanstalkd": BeanstalkSettings,
+    "nats_server": NATSServerSettings,
+    "broker": BrokerSettings,
+}
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class Message:
         "attempts",
         "body",
         "deliver_at",
+        "header_block",
         "headers",
         "id",
         "origin",
@@ -50,7 +51,7 @@ class Message:
         topic: str,
         body: bytes,
         timestamp: int,
-        headers: dict[str, str] | None = None,
+        headers: list[tuple[str, str]] | None = None,
         attempts: int = 0,
         priority: int = DEFAULT_PRIORITY,
         deliver_at: float = 0.0,
@@ -62,6 +63,7 @@ class Message:
         self.topic = topic
         self.body = body  # never re-encoded
         self.timestamp = timestamp  # wall clock, ns since the epoch, set at publish
+        # ordered (name, value) pairs; a name may repeat (NATS headers, RocketMQ properties)
         self.headers = headers
         self.attempts = attempts  # deliveries so far (in this group)
         self.priority = priority  # 0 is most urgent
@@ -70,6 +72,9 @@ class Message:
         self.reply_to = reply_to
         self.origin = origin  # "<protocol> <peer>", for the archive and stats
         self.stats: JobStats | None = None
+        # the headers as the publishing protocol wrote them (a NATS header block), passed on
+        # byte for byte to clients of the same protocol; `headers` is the parsed form
+        self.header_block: bytes | None = None
 
     def job_stats(self) -> JobStats:
         stats = self.stats
@@ -92,6 +97,7 @@ class Message:
         m.reply_to = self.reply_to
         m.origin = self.origin
         m.stats = None
+        m.header_block = self.header_block
         if self.stats is not None:
             m.job_stats().delay = self.stats.delay
         return m

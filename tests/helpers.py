@@ -21,7 +21,12 @@ def be32(n: int) -> bytes:
 
 
 def settings(**overrides: Any) -> config.Settings:
-    flags: dict[str, Any] = {"nsq": "127.0.0.1:0", "beanstalk": "off", "store": "memory://"}
+    flags: dict[str, Any] = {
+        "nsq": "127.0.0.1:0",
+        "beanstalk": "off",
+        "nats": "off",
+        "store": "memory://",
+    }
     sections: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         section, sep, name = key.partition("__")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import trio
 
 from gateway.broker.group import Group
+from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message
 from gateway.stores.base import Store
@@ -32,6 +33,7 @@ class Broker:
         self._timer_seq = itertools.count()
         self._timer_changed = trio.Event()
         self.started_at = time.time()
+        self.taps = Taps()  # subject subscriptions (NATS), matched on every publish
 
     # -- life cycle ------------------------------------------------------------
 
@@ -131,14 +133,18 @@ class Broker:
         delay: float = 0.0,
         priority: int = DEFAULT_PRIORITY,
         ttr: float = 0.0,
-        headers: dict[str, str] | None = None,
+        headers: list[tuple[str, str]] | None = None,
         reply_to: str | None = None,
         origin: str = "",
         ephemeral: bool = False,
+        create: bool = True,
+        publisher: object | None = None,
+        header_block: bytes | None = None,
     ) -> list[Message]:
-        """Create messages and queue them. Await `flush()` before acknowledging them."""
-        t = self.topic(topic, ephemeral=ephemeral)
-        assert t is not None
+        """Create messages, queue them in the topic's groups and hand them to the taps that
+        match. Await `flush()` before acknowledging them. With `create=False` a topic that
+        does not exist is not made (a NATS publish nobody asked for is not kept)."""
+        t = self.topic(topic, ephemeral=ephemeral, create=create)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
         first = self.last_id + 1
@@ -152,5 +158,11 @@ class Broker:
         if delay > 0:
             for m in msgs:
                 m.job_stats().delay = int(delay)
-        t.put(msgs)
+        if header_block is not None:
+            for m in msgs:
+                m.header_block = header_block
+        if t is not None:
+            t.put(msgs)
+        if self.taps:
+            self.taps.deliver(msgs, publisher)
         return msgs

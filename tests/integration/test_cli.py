@@ -47,7 +47,9 @@ async def _stop(proc: trio.Process) -> int:
 
 
 async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> None:
-    proc, line = await _start("--nsq", "127.0.0.1:0", "--beanstalk", "off", "--store", "memory://")
+    proc, line = await _start(
+        "--nsq", "127.0.0.1:0", "--beanstalk", "off", "--nats", "off", "--store", "memory://"
+    )
     try:
         assert line.startswith("listening protocol=nsq address=127.0.0.1:")
         port = int(line.rsplit(":", 1)[1])
@@ -70,7 +72,7 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
         str(cfg),
         "--nsq",
         "127.0.0.1:0",
-        env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3", "GATEWAY_BEANSTALK": "off"},
+        env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3", "GATEWAY_BEANSTALK": "off", "GATEWAY_NATS": "off"},
     )
     try:
         port = int(line.rsplit(":", 1)[1])
@@ -86,7 +88,15 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
 
 async def test_off_disables_a_listener() -> None:
     proc, line = await _start(
-        "--nsq", "off", "--beanstalk", "off", "--store", "memory://", marker=b"ready:"
+        "--nsq",
+        "off",
+        "--beanstalk",
+        "off",
+        "--nats",
+        "off",
+        "--store",
+        "memory://",
+        marker=b"ready:",
     )
     try:
         assert line.endswith("ready: no listener")
@@ -100,24 +110,34 @@ async def test_every_listener_reports_its_port() -> None:
         "127.0.0.1:0",
         "--beanstalk",
         "127.0.0.1:0",
+        "--nats",
+        "127.0.0.1:0",
         "--store",
         "memory://",
         marker=b"ready:",
     )
     try:
-        assert "nsq=127.0.0.1:" in line and "beanstalk=127.0.0.1:" in line
+        for name in ("nsq", "beanstalk", "nats"):
+            assert f"{name}=127.0.0.1:" in line, line
         port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"list-tube-used\r\n")
         with trio.fail_after(5):
             assert await stream.receive_some(100) == b"USING default\r\n"
         await stream.aclose()
+        port = int(line.split("nats=127.0.0.1:")[1].split(",")[0])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        with trio.fail_after(5):
+            assert (await stream.receive_some(4096)).startswith(b"INFO {")
+        await stream.aclose()
     finally:
         assert await _stop(proc) == 0
 
 
 async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
-    proc, line = await _start("--nsq", "off", "--beanstalk", "127.0.0.1:0", "--store", "memory://")
+    proc, line = await _start(
+        "--nsq", "off", "--beanstalk", "127.0.0.1:0", "--nats", "off", "--store", "memory://"
+    )
     try:
         port = int(line.rsplit(":", 1)[1])
         stream = await trio.open_tcp_stream("127.0.0.1", port)

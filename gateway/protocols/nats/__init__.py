@@ -1,0 +1,1 @@
+"""NATS: the client protocol, server side (codec, events, subjects)."""

@@ -1,0 +1,323 @@
+"""One NATS client connection (nats-py, nats.js, ... talking to the gateway directly).
+
+Subjects are topics. A subscription is a broker tap: it sees every message published to a
+topic its subject matches, from any protocol, as it is published (NATS core's
+at-most-once delivery). A queue subscription joins the tap queue of its (subject, queue)
+pair, which hands each message to one member. A NATS publish goes into the topic's groups
+only when the topic exists (an NSQ channel or a beanstalkd tube made it): a subject
+nobody keeps is not stored, as nats-server keeps nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from gateway.model import Message
+from gateway.protocols.nats import client_codec as cc
+from gateway.protocols.nats import client_events as ev
+from gateway.protocols.nats.server import VERSION, NATSServer
+from gateway.subjects import is_valid_subscription, matches
+from gateway.tcp import receive, socket_fd, try_write
+
+log = logging.getLogger("gateway.nats")
+
+_RECEIVE_SIZE = 65536
+_HEADER_LINE = b"NATS/1.0\r\n"
+_NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
+
+
+def parse_headers(block: bytes) -> list[tuple[str, str]]:
+    """`NATS/1.0[ status]\\r\\nName: value\\r\\n...\\r\\n` -> ordered pairs (names may repeat)."""
+    pairs = []
+    for line in block.split(b"\r\n")[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(b":")
+        if sep:
+            pairs.append(
+                (name.decode("utf-8", "replace"), value.strip().decode("utf-8", "replace"))
+            )
+    return pairs
+
+
+def encode_headers(pairs: list[tuple[str, str]]) -> bytes:
+    return _HEADER_LINE + b"".join(f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
+
+
+class Subscription:
+    """A client's SUB: the broker calls `tap` for every message on a matching subject."""
+
+    __slots__ = ("delivered", "max_msgs", "queue", "session", "sid", "subject")
+
+    def __init__(self, session: NATSClientSession, subject: str, queue: str | None, sid: str):
+        self.session = session
+        self.subject = subject
+        self.queue = queue
+        self.sid = sid
+        self.max_msgs: int | None = None
+        self.delivered = 0
+
+    def tap(self, message: Message, publisher: object | None) -> None:
+        session = self.session
+        if publisher is session and not session.echo:
+            return
+        self.delivered += 1
+        session.send_message(self, message)
+        if self.max_msgs is not None and self.delivered >= self.max_msgs:
+            session.drop(self)
+
+
+class NATSClientSession:
+    def __init__(self, server: NATSServer, stream: trio.abc.Stream, remote: str) -> None:
+        self.server = server
+        self.stream = stream
+        self.remote = remote
+        self.codec = cc.NATSClientCodec(server.max_payload, server.max_control_line)
+        self.codec.require_connect = server.auth_required
+        self.subs: dict[str, Subscription] = {}
+        self.connected = False
+        self.verbose = False
+        self.echo = True
+        self.headers = False
+        self.no_responders = False
+        self.name = ""
+        server.next_client_id += 1
+        self.client_id = server.next_client_id
+        self._fd = socket_fd(stream)
+        self._out: list[bytes] = []
+        self._pending = 0
+        self._sending = False
+        self._wake = trio.Event()
+        self._cancel = trio.CancelScope()
+        self._origin = f"nats {remote}"
+        self._metrics = server.metrics
+        self._bytes_out = server.metrics.bytes_out.labels("nats")
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = self.server
+        server.sessions.add(self)
+        m = self._metrics
+        m.connections.labels("nats").inc()
+        m.connections_total.labels("nats").inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                nursery.start_soon(self._writer)
+                self._out.append(self._info())
+                await self._flush()
+                await self._reader()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._fd = None  # never write to a descriptor number that may be reused
+            server.sessions.discard(self)
+            for sub in list(self.subs.values()):
+                self.drop(sub)
+            m.connections.labels("nats").dec()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    def _info(self) -> bytes:
+        host = self.remote.rpartition(":")[0]
+        doc: dict[str, object] = {
+            "server_id": self.server.server_id,
+            "server_name": self.server.server_name,
+            "version": VERSION,
+            "proto": 1,
+            "go": "python",
+            "host": "0.0.0.0",
+            "port": 0,
+            "headers": True,
+            "max_payload": self.server.max_payload,
+            "client_id": self.client_id,
+            "client_ip": host.strip("[]"),
+        }
+        if self.server.auth_required:
+            doc["auth_required"] = True
+        return cc.info(doc)
+
+    async def _reader(self) -> None:
+        bytes_in = self._metrics.bytes_in.labels("nats")
+        while True:
+            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            if not data:
+                return
+            bytes_in.inc(len(data))
+            self.codec.receive_data(data)
+            if not self._process():
+                await self._flush()
+                return
+            if not self._sending:
+                await self._flush()
+            else:
+                self._wake.set()
+
+    # -- commands -----------------------------------------------------------------
+
+    def _process(self) -> bool:
+        """Apply every complete operation; False when the connection must close."""
+        out = self._out
+        while (event := self.codec.next_event()) is not None:
+            cls = event.__class__
+            if not self.connected and cls is not ev.Connect and self.server.auth_required:
+                self._error("Authorization Violation")
+                return False
+            if cls is ev.Pub:
+                self._publish(event.subject, event.reply, event.payload, None)  # type: ignore[union-attr]
+            elif cls is ev.HPub:
+                self._publish(event.subject, event.reply, event.payload, event.headers)  # type: ignore[union-attr]
+            elif cls is ev.Ping:
+                out.append(cc.PONG)
+                continue
+            elif cls is ev.Pong:
+                continue
+            elif cls is ev.Sub:
+                if not self._subscribe(event):  # type: ignore[arg-type]
+                    continue
+            elif cls is ev.Unsub:
+                self._unsubscribe(event)  # type: ignore[arg-type]
+            elif cls is ev.Connect:
+                if not self._connect(event):  # type: ignore[arg-type]
+                    return False
+            elif cls is ev.ProtocolError:
+                if event.reply is not None:  # type: ignore[union-attr]
+                    out.append(event.reply)  # type: ignore[union-attr]
+                    self._metrics.protocol_error("nats", event.reply[6:-3])  # type: ignore[union-attr]
+                if event.close:  # type: ignore[union-attr]
+                    return False
+                continue
+            if self.verbose:
+                out.append(cc.OK)
+        return True
+
+    def _error(self, text: str) -> None:
+        self._out.append(cc.err(text))
+        self._metrics.protocol_error("nats", text)
+
+    def _connect(self, event: ev.Connect) -> bool:
+        options = event.options
+        option = cc.connect_option
+        if not self.server.check_auth(
+            option(options, "user"), option(options, "pass"), option(options, "auth_token")
+        ):
+            self._error("Authorization Violation")
+            return False
+        self.verbose = option(options, "verbose") is True
+        self.echo = option(options, "echo", True) is not False
+        self.headers = option(options, "headers") is True
+        self.no_responders = option(options, "no_responders") is True
+        if self.no_responders and not self.headers:
+            self._error("no responders requires headers support")
+            return False
+        self.name = str(option(options, "name", ""))
+        self.connected = True
+        return True
+
+    def _publish(
+        self, subject: str, reply: str | None, payload: bytes, block: bytes | None
+    ) -> None:
+        broker = self.server.broker
+        topic = broker.topics.get(subject)
+        broker.publish(
+            subject,
+            [payload],
+            headers=parse_headers(block) if block else None,
+            header_block=block,
+            reply_to=reply,
+            origin=self._origin,
+            create=False,
+            publisher=self,
+        )
+        if reply and self.no_responders:
+            kept = topic is not None and bool(topic.groups)
+            if not kept and not broker.taps.interested(subject):
+                self._answer_no_responders(reply)
+
+    def _answer_no_responders(self, reply: str) -> None:
+        """nats-server's answer to a request nobody can serve: a 503 status on the reply
+        subject, to the requester's own subscription for it."""
+        for sub in self.subs.values():
+            if matches(sub.subject.split("."), reply.split(".")):
+                self._out.append(cc.hmsg(reply, sub.sid, None, _NO_RESPONDERS, b""))
+                return
+
+    def _subscribe(self, event: ev.Sub) -> bool:
+        if not is_valid_subscription(event.subject):
+            self._error("Invalid Subject")
+            return False
+        old = self.subs.get(event.sid)
+        if old is not None:
+            self.drop(old)
+        sub = Subscription(self, event.subject, event.queue, event.sid)
+        self.subs[event.sid] = sub
+        self.server.broker.taps.add(event.subject, sub, event.queue)
+        return True
+
+    def _unsubscribe(self, event: ev.Unsub) -> None:
+        sub = self.subs.get(event.sid)
+        if sub is None:
+            return
+        if event.max_msgs and event.max_msgs > sub.delivered:
+            sub.max_msgs = event.max_msgs
+        else:
+            self.drop(sub)
+
+    def drop(self, sub: Subscription) -> None:
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+            self.server.broker.taps.remove(sub.subject, sub, sub.queue)
+
+    # -- delivery (called by the broker, synchronously) ---------------------------------
+
+    def send_message(self, sub: Subscription, message: Message) -> None:
+        block = message.header_block
+        if block is None and message.headers:
+            block = encode_headers(message.headers)
+        if block is not None and self.headers:
+            frame = cc.hmsg(message.topic, sub.sid, message.reply_to, block, message.body)
+        else:
+            frame = cc.msg(message.topic, sub.sid, message.reply_to, message.body)
+        self._out.append(frame)
+        self._pending += len(frame)
+        if self._pending > self.server.max_pending:
+            # nats-server's slow consumer: the client cannot keep up, so it is cut off
+            log.info("nats client %s is a slow consumer: closing", self.remote)
+            self._cancel.cancel()
+            return
+        self._wake.set()
+
+    # -- output ---------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._cancel.cancel()
+                return
+
+    async def _flush(self) -> None:
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._out:
+                data = b"".join(self._out)
+                self._out = []
+                self._pending = 0
+                self._bytes_out.inc(len(data))
+                if self._fd is not None:
+                    sent = try_write(self._fd, data)
+                    if sent == len(data):
+                        continue
+                    data = data[sent:]
+                await self.stream.send_all(data)
+        finally:
+            self._sending = False

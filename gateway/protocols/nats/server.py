@@ -1,0 +1,42 @@
+"""What every NATS client connection of one gateway shares."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.broker import Broker
+from gateway.metrics import Metrics
+
+if TYPE_CHECKING:
+    from gateway.protocols.nats.client_session import NATSClientSession
+
+VERSION = "2.10.0"  # what INFO reports; clients only check features, not the number
+
+
+@dataclass
+class NATSServer:
+    broker: Broker
+    metrics: Metrics
+    max_payload: int = 1048576  # nats-server's default max_payload
+    max_pending: int = 64 * 1024 * 1024  # nats-server's max_pending: past it, a slow consumer
+    max_control_line: int = 4096  # nats-server's max_control_line
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])
+    server_name: str = "gateway"
+    sessions: set[NATSClientSession] = field(default_factory=set)
+    next_client_id: int = 0
+
+    @property
+    def auth_required(self) -> bool:
+        return self.user is not None or self.token is not None
+
+    def check_auth(self, user: object, password: object, token: object) -> bool:
+        if self.token is not None:
+            return token == self.token
+        if self.user is not None:
+            return user == self.user and password == self.password
+        return True
