@@ -3,10 +3,7 @@ lines of the client scripts in this directory."""
 
 from __future__ import annotations
 
-import errno
 import shutil
-import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -14,59 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+
+from tests.clients import peer_server
 
 HERE = Path(__file__).resolve().parent
 NODE_DIR = HERE.parent / "node"
 BEANSTALKD = "/usr/bin/beanstalkd"
 
-Address = tuple[str, int]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _accepts(address: Address, proc: trio.Process, timeout: float) -> bool:
-    """Wait until `address` accepts a connection; False if the process exited first."""
-    with trio.fail_after(timeout):
-        while proc.poll() is None:
-            try:
-                stream = await trio.open_tcp_stream(*address)
-            except OSError as exc:
-                if exc.errno not in (errno.ECONNREFUSED, None):
-                    raise
-                await trio.sleep(0.01)
-                continue
-            await stream.aclose()
-            return True
-    return False
+Address = peer_server.Address
 
 
 @asynccontextmanager
 async def real_beanstalkd(*flags: str) -> AsyncIterator[Address]:
     """/usr/bin/beanstalkd on 127.0.0.1 and a free port; killed (by pid) afterwards."""
-    if not Path(BEANSTALKD).is_file():
-        pytest.fail(f"{BEANSTALKD} is missing (apt-get install beanstalkd)")
-    for _attempt in range(5):
-        address = ("127.0.0.1", _free_port())
-        proc = await trio.lowlevel.open_process(
-            [BEANSTALKD, "-l", address[0], "-p", str(address[1]), *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            if await _accepts(address, proc, timeout=10):
-                yield address
-                return
-        finally:
-            proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-    raise RuntimeError("beanstalkd did not start (port taken five times?)")
+    async with peer_server.running(
+        BEANSTALKD, lambda a: ["-l", a[0], "-p", str(a[1]), *flags], "apt-get install beanstalkd"
+    ) as address:
+        yield address
 
 
 def python_script(name: str, scenario: str, address: Address, *options: Any) -> list[str]:

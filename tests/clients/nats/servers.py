@@ -8,10 +8,8 @@ for the ready line (an event, never a sleep) before it starts the publisher.
 
 from __future__ import annotations
 
-import errno
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -23,57 +21,22 @@ from typing import Any
 import pytest
 import trio
 
+from tests.clients import peer_server
+
 HERE = Path(__file__).resolve().parent
 NODE_DIR = HERE.parent / "node"
 NATS_SERVER = str(Path(sys.prefix) / "bin" / "nats-server")  # the venv's, 2.15.1
 
-Address = tuple[str, int]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _accepts(address: Address, proc: trio.Process, timeout: float) -> bool:
-    """Wait until `address` accepts a connection; False if the process exited first."""
-    with trio.fail_after(timeout):
-        while proc.poll() is None:
-            try:
-                stream = await trio.open_tcp_stream(*address)
-            except OSError as exc:
-                if exc.errno not in (errno.ECONNREFUSED, None):
-                    raise
-                await trio.sleep(0.01)
-                continue
-            await stream.aclose()
-            return True
-    return False
+Address = peer_server.Address
 
 
 @asynccontextmanager
 async def real_nats_server(*flags: str) -> AsyncIterator[Address]:
     """The venv's nats-server (2.15.1) on 127.0.0.1 and a free port; killed (by pid) after."""
-    if not Path(NATS_SERVER).is_file():
-        pytest.fail(f"{NATS_SERVER} is missing (the venv's nats-server)")
-    for _attempt in range(5):
-        address = ("127.0.0.1", _free_port())
-        proc = await trio.lowlevel.open_process(
-            [NATS_SERVER, "-a", address[0], "-p", str(address[1]), *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            if await _accepts(address, proc, timeout=10):
-                yield address
-                return
-        finally:
-            proc.kill()
-            with trio.CancelScope(shield=True):
-                await proc.wait()
-    raise RuntimeError("nats-server did not start (port taken five times?)")
+    async with peer_server.running(
+        NATS_SERVER, lambda a: ["-a", a[0], "-p", str(a[1]), *flags], "the venv's nats-server"
+    ) as address:
+        yield address
 
 
 def natspy(scenario: str, address: Address, *options: Any) -> list[str]:
