@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -62,3 +63,23 @@ async def running(
             with trio.CancelScope(shield=True):
                 await proc.wait()
     raise RuntimeError(f"{binary} did not start (port taken five times?)")
+
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+
+
+def node_script(
+    script: Path, package: str, scenario: str, address: Address, options: tuple[object, ...]
+) -> list[str]:
+    """`node <script> <scenario> --host H --port P ...`; fails (never skips) without node or
+    without `package` in tests/clients/node (the test command runs npm ci there)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail(f"node is not on PATH: the {package} tests need Node.js 20")
+    if not (NODE_DIR / "node_modules" / package / "package.json").is_file():
+        pytest.fail(
+            f"{package} is not installed in {NODE_DIR}/node_modules: "
+            "run `npm ci --prefix tests/clients/node` first"
+        )
+    host, port = address
+    return [node, str(script), scenario, "--host", host, "--port", str(port), *map(str, options)]

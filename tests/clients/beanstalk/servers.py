@@ -3,14 +3,11 @@ lines of the client scripts in this directory."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.clients import peer_server
 
@@ -53,15 +50,6 @@ def pystalk(scenario: str, address: Address, *options: Any) -> list[str]:
 
 
 def fivebeans(scenario: str, address: Address, *options: Any) -> list[str]:
-    """`node fivebeans_client.js ...`; fails (never skips) without node or the npm install."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the fivebeans tests need Node.js 20")
-    if not (NODE_DIR / "node_modules" / "fivebeans" / "package.json").is_file():
-        pytest.fail(
-            f"fivebeans is not installed in {NODE_DIR}/node_modules: "
-            "run `npm ci --prefix tests/clients/node` first"
-        )
-    host, port = address
-    args: Sequence[str] = [scenario, "--host", host, "--port", str(port)]
-    return [node, str(HERE / "fivebeans_client.js"), *args, *(str(o) for o in options)]
+    return peer_server.node_script(
+        HERE / "fivebeans_client.js", "fivebeans", scenario, address, options
+    )

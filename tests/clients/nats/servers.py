@@ -9,7 +9,6 @@ for the ready line (an event, never a sleep) before it starts the publisher.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -18,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from tests.clients import peer_server
@@ -47,18 +45,7 @@ def natspy(scenario: str, address: Address, *options: Any) -> list[str]:
 
 
 def natsjs(scenario: str, address: Address, *options: Any) -> list[str]:
-    """`node natsjs_client.js ...`; fails (never skips) without node or the npm install."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the nats.js tests need Node.js 20")
-    if not (NODE_DIR / "node_modules" / "nats" / "package.json").is_file():
-        pytest.fail(
-            f"nats is not installed in {NODE_DIR}/node_modules: "
-            "run `npm ci --prefix tests/clients/node` first"
-        )
-    host, port = address
-    args: Sequence[str] = [scenario, "--host", host, "--port", str(port)]
-    return [node, str(HERE / "natsjs_client.js"), *args, *(str(o) for o in options)]
+    return peer_server.node_script(HERE / "natsjs_client.js", "nats", scenario, address, options)
 
 
 def command(client: str, scenario: str, address: Address, *options: Any) -> list[str]:
