@@ -216,6 +216,8 @@ def main() -> int:
                 "off",
                 "--nats",
                 "off",
+                "--nats-route",
+                "off",
                 "--store",
                 "memory://",
             ],

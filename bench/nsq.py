@@ -94,13 +94,13 @@ GATEWAY_ARGS = [
     "off",
     "--http",
     "off",
+    "--nats-route",
+    "off",
     "--store",
     "memory://",
 ]
 # Listeners this build does not have yet; add them with --other-listeners-off.
 OTHER_LISTENERS_OFF = [
-    "--nats-route",
-    "off",
     "--rocketmq",
     "off",
 ]

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 import trio
 
 from gateway.broker import Broker
-from gateway.config import Settings
+from gateway.config import Settings, parse_address
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk.server import BeanstalkServer
 from gateway.protocols.beanstalk.session import BeanstalkSession
 from gateway.protocols.nats.client_session import NATSClientSession
+from gateway.protocols.nats.cluster import Cluster
 from gateway.protocols.nats.server import NATSServer
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
@@ -79,6 +80,40 @@ class Gateway:
             token=n.token,
             server_name=n.server_name,
         )
+        self.cluster = self._cluster()
+
+    def _cluster(self) -> Cluster:
+        s = self.settings
+        r = s.nats_routing
+        server_ssl = client_ssl = None
+        if r.tls:
+            server_ssl = self.ssl_context
+            client_ssl = ssl.create_default_context(cafile=r.tls_ca)
+            if server_ssl is None:
+                log.warning("nats_routing.tls is on but there is no tls_cert/tls_key")
+        server_id = self.nats.server_id
+        return Cluster(
+            self.broker,
+            self.metrics,
+            server_id=server_id,
+            server_name=r.server_name or f"{s.nats_server.server_name}-{server_id[1:9].lower()}",
+            name=s.nats_cluster,
+            urls=s.nats_routes,
+            imports=r.imports,
+            user=r.user,
+            password=r.password,
+            max_payload=s.nats_server.max_payload,
+            advertise=parse_address(r.advertise) if r.advertise else None,
+            ping_interval=r.ping_interval,
+            ping_max=r.ping_max,
+            reconnect_max_wait=r.reconnect_max_wait,
+            handshake_timeout=r.handshake_timeout,
+            max_pending=r.max_pending,
+            max_control_line=r.max_control_line,
+            route_max_payload=r.max_payload,
+            server_ssl=server_ssl,
+            client_ssl=client_ssl,
+        )
 
     def _nsq_server(self) -> NSQServer:
         n = self.settings.nsqd
@@ -129,15 +164,23 @@ class Gateway:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.broker.run)
-                for protocol, handle in (
-                    ("nsq", self._nsq_connection),
-                    ("beanstalk", self._beanstalk_connection),
-                    ("nats", self._nats_connection),
+                clustered = self.settings.nats_route != "off" or bool(self.settings.nats_routes)
+                if clustered:
+                    # before any listener: a client's first SUB must count as interest
+                    self.cluster.attach()
+                for protocol, setting, handle in (
+                    ("nsq", "nsq", self._nsq_connection),
+                    ("beanstalk", "beanstalk", self._beanstalk_connection),
+                    ("nats", "nats", self._nats_connection),
+                    ("nats-route", "nats_route", self.cluster.accept),
                 ):
-                    address = self.settings.address(protocol)
+                    address = self.settings.address(setting)
                     if address is not None:
                         bound = await nursery.start(serve_tcp, protocol, handle, *address)
                         self._announce(protocol, bound)
+                if clustered:
+                    self.cluster.listen_address = self.addresses.get("nats-route")
+                    await nursery.start(self.cluster.run)
                 listening = ", ".join(
                     f"{name}={format_address(*addr)}" for name, addr in self.addresses.items()
                 )

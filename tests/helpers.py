@@ -25,6 +25,7 @@ def settings(**overrides: Any) -> config.Settings:
         "nsq": "127.0.0.1:0",
         "beanstalk": "off",
         "nats": "off",
+        "nats_route": "off",
         "store": "memory://",
     }
     sections: dict[str, dict[str, Any]] = {}

@@ -10,7 +10,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -34,6 +34,9 @@ class Broker:
         self._timer_changed = trio.Event()
         self.started_at = time.time()
         self.taps = Taps()  # subject subscriptions (NATS), matched on every publish
+        # Told when a topic gets its first group (True) or loses its last (False): a NATS
+        # cluster route announces interest in exactly the topics that keep messages.
+        self.on_groups: Callable[[str, bool], None] | None = None
 
     # -- life cycle ------------------------------------------------------------
 
@@ -116,6 +119,8 @@ class Broker:
         if topic is None:
             return False
         topic.deleted = True
+        if topic.groups and self.on_groups is not None:
+            self.on_groups(name, False)
         for group in topic.groups.values():
             group.close()
         topic.groups.clear()
@@ -140,10 +145,13 @@ class Broker:
         create: bool = True,
         publisher: object | None = None,
         header_block: bytes | None = None,
+        routed: tuple[str, ...] | None = None,
     ) -> list[Message]:
         """Create messages, queue them in the topic's groups and hand them to the taps that
         match. Await `flush()` before acknowledging them. With `create=False` a topic that
-        does not exist is not made (a NATS publish nobody asked for is not kept)."""
+        does not exist is not made (a NATS publish nobody asked for is not kept).
+        `routed`: the messages came from a NATS cluster route, which named these queue
+        groups; they reach local taps only (see taps.py)."""
         t = self.topic(topic, ephemeral=ephemeral, create=create)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
@@ -164,5 +172,5 @@ class Broker:
         if t is not None:
             t.put(msgs)
         if self.taps:
-            self.taps.deliver(msgs, publisher)
+            self.taps.deliver(msgs, publisher, routed)
         return msgs

@@ -2,13 +2,34 @@
 
 A tap is the model's at-most-once subscription (NATS core): a plain tap gets every
 matching message as it is published; a queue of taps (same subject pattern, same queue
-name) gets each message once, round robin. Nothing is queued, acknowledged or retried:
-a tap that cannot take a message loses it, as a NATS subscriber does. Taps are matched
-by subject pattern, so one tap can cover many topics, including ones created later.
+name) gets each message once. Nothing is queued, acknowledged or retried: a tap that
+cannot take a message loses it, as a NATS subscriber does. Taps are matched by subject
+pattern, so one tap can cover many topics, including ones created later.
+
+Local and remote taps. A tap whose class sets `remote = True` stands for interest held
+somewhere else (a NATS cluster route: the subjects a real nats-server asked for). Three
+rules follow from how a NATS cluster routes, and the broker keeps them here so that no
+protocol has to:
+
+* A message that arrived from a route (`routed` is not None in `deliver`) goes to local
+  taps only, never to a remote one: routes never relay, each server routes to every peer
+  itself (nats-route.md §10).
+* Such a message reaches a local queue group only when the route named that queue
+  (`RMSG ... | workers`): the cluster already chose this gateway as the member that gets
+  it. A routed message with no queue names reaches no local queue member.
+* A locally published message picks one member per queue group across local members and
+  remote ones, each remote member counting with the weight its route announced (how many
+  subscribers sit behind it), as nats-server picks among its local members and routes.
+
+`watch` hears every change of *local* interest, so the cluster code can announce it (RS+
+and RS-); remote taps are never announced back. `deferred` lets a remote tap see every
+match of one message before it acts: a route must send one copy per message, naming every
+queue group it was chosen for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.model import Message
@@ -19,60 +40,128 @@ class Tap(Protocol):
     def tap(self, message: Message, publisher: object | None) -> None: ...
 
 
+class DeferredTap(Protocol):
+    def tapped(self, message: Message) -> None: ...
+
+
+# (pattern, queue or None, +1 or -1): a local tap came or went
+InterestWatch = Callable[[str, str | None, int], None]
+
+
 class _Queue:
     """The members of one queue group on one subject pattern."""
 
-    __slots__ = ("members", "turn")
+    __slots__ = ("local", "name", "remotes", "turn")
+    remote = False  # (the queue itself is local; its members may not be)
 
-    def __init__(self) -> None:
-        self.members: list[Tap] = []
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.local: list[Tap] = []
+        self.remotes: list[Tap] = []  # each with a `weight`
         self.turn = 0
 
-    def tap(self, message: Message, publisher: object | None) -> None:
-        members = self.members
-        self.turn = (self.turn + 1) % len(members)
-        members[self.turn].tap(message, publisher)
+    def pick(self, routed: tuple[str, ...] | None) -> Tap | None:
+        local = self.local
+        if routed is not None:
+            if not local or self.name not in routed:
+                return None
+            self.turn = (self.turn + 1) % len(local)
+            return local[self.turn]
+        remotes = self.remotes
+        if not remotes:
+            self.turn = (self.turn + 1) % len(local)
+            return local[self.turn]
+        # weighted round robin over local members (weight 1) and routes (their weight)
+        total = len(local) + sum([m.weight for m in remotes])  # type: ignore[attr-defined]
+        if total == 0:
+            return None  # weight 0 is announced but never chosen
+        self.turn = turn = (self.turn + 1) % total
+        if turn < len(local):
+            return local[turn]
+        turn -= len(local)
+        for member in remotes:
+            weight: int = member.weight  # type: ignore[attr-defined]
+            if turn < weight:
+                return member
+            turn -= weight
+        return None  # unreachable: turn < total
 
 
 class Taps:
     def __init__(self) -> None:
         self._index = SubjectIndex()
         self._queues: dict[tuple[str, str], _Queue] = {}
+        self.watch: InterestWatch | None = None
+        self.deferred: list[DeferredTap] = []
 
     def __bool__(self) -> bool:
         return bool(self._index)
 
     def add(self, pattern: str, tap: Tap, queue: str | None = None) -> None:
+        remote = getattr(tap, "remote", False)
         if queue is None:
             self._index.add(pattern, tap)
-            return
-        group = self._queues.get((pattern, queue))
-        if group is None:
-            group = self._queues[(pattern, queue)] = _Queue()
-            self._index.add(pattern, group)
-        group.members.append(tap)
+        else:
+            group = self._queues.get((pattern, queue))
+            if group is None:
+                group = self._queues[(pattern, queue)] = _Queue(queue)
+                self._index.add(pattern, group)
+            members = group.remotes if remote else group.local
+            if tap in members:
+                return
+            members.append(tap)
+        if not remote and self.watch is not None:
+            self.watch(pattern, queue, 1)
 
     def remove(self, pattern: str, tap: Tap, queue: str | None = None) -> None:
+        remote = getattr(tap, "remote", False)
         if queue is None:
-            self._index.remove(pattern, tap)
-            return
-        group = self._queues.get((pattern, queue))
-        if group is None or tap not in group.members:
-            return
-        group.members.remove(tap)
-        if not group.members:
-            del self._queues[(pattern, queue)]
-            self._index.remove(pattern, group)
+            if not self._index.remove(pattern, tap):
+                return
+        else:
+            group = self._queues.get((pattern, queue))
+            if group is None:
+                return
+            members = group.remotes if remote else group.local
+            if tap not in members:
+                return
+            members.remove(tap)
+            if not group.local and not group.remotes:
+                del self._queues[(pattern, queue)]
+                self._index.remove(pattern, group)
+        if not remote and self.watch is not None:
+            self.watch(pattern, queue, -1)
 
     def interested(self, subject: str) -> bool:
         return bool(self._index.match(subject))
 
-    def deliver(self, messages: list[Message], publisher: object | None) -> int:
-        """Hand each message to every matching tap (one member per queue); how many got one."""
+    def deliver(
+        self,
+        messages: list[Message],
+        publisher: object | None,
+        routed: tuple[str, ...] | None = None,
+    ) -> int:
+        """Hand each message to every matching tap (one member per queue); how many
+        targets matched. `routed`: the message came from a cluster route, which named
+        these queue groups (see the module docstring)."""
         if not messages:
             return 0
         targets = self._index.match(messages[0].topic)
+        if not targets:
+            return 0
+        if routed is not None:
+            targets = [t for t in targets if not getattr(t, "remote", False)]
+        deferred = self.deferred
         for message in messages:
             for target in targets:
-                target.tap(message, publisher)
+                if target.__class__ is _Queue:
+                    member = target.pick(routed)  # type: ignore[attr-defined]
+                    if member is not None:
+                        member.tap(message, publisher)
+                else:
+                    target.tap(message, publisher)  # type: ignore[attr-defined]
+            if deferred:
+                for waiting in deferred:
+                    waiting.tapped(message)
+                deferred.clear()
         return len(targets)

@@ -58,6 +58,8 @@ class Topic:
             group = Group(self, name, ephemeral=ephemeral, max_attempts=self.broker.max_attempts)
             adopt = not self.groups and bool(self.backlog) and not self.paused
             self.groups[name] = group
+            if len(self.groups) == 1 and self.broker.on_groups is not None:
+                self.broker.on_groups(self.name, True)
             if group._store is not None:
                 group._store.add_group(self.name, name, adopt_backlog=adopt)
             if adopt:
@@ -72,6 +74,8 @@ class Topic:
         group.close()
         if group._store is not None:
             group._store.drop_group(self.name, name)
+        if not self.groups and self.broker.on_groups is not None:
+            self.broker.on_groups(self.name, False)
         if self.ephemeral and not self.groups:
             self.broker.delete_topic(self.name)
         return True

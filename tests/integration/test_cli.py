@@ -48,7 +48,16 @@ async def _stop(proc: trio.Process) -> int:
 
 async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> None:
     proc, line = await _start(
-        "--nsq", "127.0.0.1:0", "--beanstalk", "off", "--nats", "off", "--store", "memory://"
+        "--nsq",
+        "127.0.0.1:0",
+        "--beanstalk",
+        "off",
+        "--nats",
+        "off",
+        "--nats-route",
+        "off",
+        "--store",
+        "memory://",
     )
     try:
         assert line.startswith("listening protocol=nsq address=127.0.0.1:")
@@ -72,7 +81,12 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
         str(cfg),
         "--nsq",
         "127.0.0.1:0",
-        env={"GATEWAY_NSQD__MAX_MSG_SIZE": "3", "GATEWAY_BEANSTALK": "off", "GATEWAY_NATS": "off"},
+        env={
+            "GATEWAY_NSQD__MAX_MSG_SIZE": "3",
+            "GATEWAY_BEANSTALK": "off",
+            "GATEWAY_NATS": "off",
+            "GATEWAY_NATS_ROUTE": "off",
+        },
     )
     try:
         port = int(line.rsplit(":", 1)[1])
@@ -94,6 +108,8 @@ async def test_off_disables_a_listener() -> None:
         "off",
         "--nats",
         "off",
+        "--nats-route",
+        "off",
         "--store",
         "memory://",
         marker=b"ready:",
@@ -112,12 +128,14 @@ async def test_every_listener_reports_its_port() -> None:
         "127.0.0.1:0",
         "--nats",
         "127.0.0.1:0",
+        "--nats-route",
+        "127.0.0.1:0",
         "--store",
         "memory://",
         marker=b"ready:",
     )
     try:
-        for name in ("nsq", "beanstalk", "nats"):
+        for name in ("nsq", "beanstalk", "nats", "nats-route"):
             assert f"{name}=127.0.0.1:" in line, line
         port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -136,7 +154,16 @@ async def test_every_listener_reports_its_port() -> None:
 
 async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
     proc, line = await _start(
-        "--nsq", "off", "--beanstalk", "127.0.0.1:0", "--nats", "off", "--store", "memory://"
+        "--nsq",
+        "off",
+        "--beanstalk",
+        "127.0.0.1:0",
+        "--nats",
+        "off",
+        "--nats-route",
+        "off",
+        "--store",
+        "memory://",
     )
     try:
         port = int(line.rsplit(":", 1)[1])

@@ -13,8 +13,8 @@ Subcommands:
 * ``sub --subject S [--queue Q] --count N``: subscribe, ready, take N messages, then one more
   round trip; prints ``messages`` and ``in_msgs`` (every MSG/HMSG the connection got).
 * ``pub --subject S --bodies FILE [--headers JSON]``: publish every body of a corpus file (see
-  ../corpus.py), with the headers (a JSON object, name to value) if given, then flush; prints
-  ``published``.
+  ../corpus.py), with the headers (a JSON object, name to value) if given, then one empty
+  message on ``--then`` if given, then flush; prints ``published``.
 * ``wildcards --spec JSON``: spec ``{"subs": {pattern: last_subject}, "publish": [subject]}``;
   one connection subscribes to every pattern, another publishes each subject (body: the
   subject); each subscription is read until its ``last_subject``; prints ``got``
@@ -23,6 +23,11 @@ Subcommands:
   plain subscriber, one publisher; waits until the plain one has every body and the members
   have as many between them, then a round trip on each; prints ``members`` (digests per
   member), ``plain`` (digests), ``in_msgs`` (per member).
+* ``members --subject S --group Q --members K``: K connections in queue group Q on S, each
+  also subscribed (plain) to ``S.end``; ready; each member collects until its ``S.end``
+  message arrives, then makes a round trip; prints ``members`` (digests per member).
+  A publisher that sends its bodies and then one message on ``S.end`` (``pub --then``)
+  ends the run: messages on one path arrive in order, so the sentinel comes last.
 * ``reply --subject S --count N``: a responder: ready, answers N requests with ``re:`` + the
   request body, echoing the request's headers; prints ``answered`` (request subjects) and
   ``reply_subjects``.
@@ -119,6 +124,8 @@ async def pub_scenario(args: argparse.Namespace, out: Result) -> None:
     for body in corpus.read_bodies(args.bodies):
         await nc.publish(args.subject, body, headers=headers)
         out["published"] += 1
+    if args.then:
+        await nc.publish(args.then, b"")
     await nc.flush()
     await nc.close()
 
@@ -178,6 +185,27 @@ async def queue_scenario(args: argparse.Namespace, out: Result) -> None:
     out["in_msgs"] = [nc.stats["in_msgs"] for nc in conns]
     out["plain_in_msgs"] = plain_nc.stats["in_msgs"]
     await asyncio.gather(*(nc.close() for nc in [*conns, plain_nc, pub]))
+
+
+async def members_scenario(args: argparse.Namespace, out: Result) -> None:
+    out["members"] = members = []
+    conns = []
+    subs = []
+    for i in range(args.members):
+        nc = await connect(args, out, f"member{i}")
+        sub = await nc.subscribe(args.subject, queue=args.group)
+        end = await nc.subscribe(args.subject + ".end")
+        conns.append(nc)
+        subs.append((sub, end))
+    await ready(*conns)
+    for nc, (sub, end) in zip(conns, subs, strict=True):
+        await end.next_msg(timeout=None)
+        await nc.flush()  # a duplicate sent late would arrive before this PONG
+        # everything before the sentinel is queued in the subscription already
+        members.append(
+            [sha((await sub.next_msg(timeout=None)).data) for _ in range(sub.pending_msgs)]
+        )
+    await asyncio.gather(*(nc.close() for nc in conns))
 
 
 async def reply_scenario(args: argparse.Namespace, out: Result) -> None:
@@ -255,6 +283,7 @@ SCENARIOS = {
     "pub": pub_scenario,
     "wildcards": wildcards_scenario,
     "queue": queue_scenario,
+    "members": members_scenario,
     "reply": reply_scenario,
     "request": request_scenario,
     "unsub-max": unsub_max_scenario,
@@ -275,6 +304,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--bodies")
     p.add_argument("--headers")
+    p.add_argument("--then", help="pub: after the bodies, one empty message on this subject")
     p.add_argument("--spec")
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--max", type=int, default=5)

@@ -1,0 +1,406 @@
+"""One NATS cluster route: a real nats-server on the other end, whichever side dialed.
+
+The handshake follows what nats-server 2.9 and 2.10+ actually do (nats-route.md §0, §2):
+
+* We dialed: the server's INFO comes first; we answer CONNECT and then our INFO, in that
+  order (2.10+ rejects anything before CONNECT).
+* The server dialed: its CONNECT comes first; we answer our INFO at once, without waiting
+  for its INFO (2.10+ holds its INFO back until it has ours). A 2.10+ server dials a
+  second, `$SYS`-pinned connection beside the first; it rejects that one itself once it
+  sees our INFO, so nothing is decided about duplicates before the server's INFO.
+
+The route is registered with the cluster once the remote server_id is known (its INFO),
+and then both sides dump their interest. Remote interest becomes broker taps: the route
+itself is the tap for plain interest, a RouteQueueMember per queue group carries the
+weight the server announced. Messages the broker hands to those taps go out as one RMSG
+or HMSG per message, naming the queue groups this route was chosen for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.model import Message
+from gateway.protocols.nats import route_codec as rc
+from gateway.protocols.nats import route_events as ev
+from gateway.protocols.nats.client_session import encode_headers
+from gateway.subjects import is_valid_subscription
+from gateway.tcp import receive, socket_fd, try_write
+
+if TYPE_CHECKING:
+    from gateway.protocols.nats.cluster import Cluster
+
+log = logging.getLogger("gateway.nats.route")
+
+ACCOUNT = "$G"  # the account of every client without an account: all the gateway serves
+_RECEIVE_SIZE = 65536
+PROTOCOL = "nats-route"  # the metrics label
+
+
+class RouteQueueMember:
+    """A queue group behind a route, as one member of the broker's tap queue, weighted by
+    the number of subscribers the server announced for it."""
+
+    remote = True
+    __slots__ = ("queue", "route", "weight")
+
+    def __init__(self, route: RouteSession, queue: str, weight: int) -> None:
+        self.route = route
+        self.queue = queue
+        self.weight = weight
+
+    def tap(self, message: Message, publisher: object | None) -> None:
+        self.route.note(message, self.queue)
+
+
+class RouteSession:
+    remote = True  # a broker tap standing for interest held elsewhere (see taps.py)
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        stream: trio.abc.Stream,
+        peer: str,
+        *,
+        solicited: bool,
+        gossip_mode: Any = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.stream = stream
+        self.peer = peer
+        self.solicited = solicited
+        self.gossip_mode = gossip_mode
+        self.user = user  # credentials for a route we dial
+        self.password = password
+        self.codec = rc.RouteCodec(cluster.max_control_line, cluster.max_payload)
+        self.connected = solicited  # an inbound route is connected by its CONNECT
+        self.remote_id: str | None = None
+        self.remote_info: dict[str, Any] = {}
+        self.registered = False
+        self.duplicate = False  # closed because that server already has a route here
+        self.headers = False  # the server takes HMSG (its INFO says so)
+        self.plain: set[str] = set()
+        self.queues: dict[tuple[str, str], RouteQueueMember] = {}
+        self.origin = f"nats-route {peer}"
+        self.established = trio.Event()
+        self._noted: Message | None = None
+        self._noted_queues: list[str] = []
+        self._fd = socket_fd(stream)
+        self._out: list[bytes] = []
+        self._pending = 0
+        self._sending = False
+        self._wake = trio.Event()
+        self._cancel = trio.CancelScope()
+        self._unanswered = 0
+        self._received_messages = False
+        metrics = cluster.metrics
+        self._metrics = metrics
+        self._bytes_out = metrics.bytes_out.labels(PROTOCOL)
+
+    def __repr__(self) -> str:
+        return f"<route {self.peer} {self.remote_id or '?'}>"
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        m = self._metrics
+        m.connections.labels(PROTOCOL).inc()
+        m.connections_total.labels(PROTOCOL).inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                nursery.start_soon(self._writer)
+                nursery.start_soon(self._timers)
+                await self._reader()
+                await self._flush()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._fd = None  # never write to a descriptor number that may be reused
+            self.cluster.unregister(self)
+            taps = self.cluster.broker.taps
+            for subject in self.plain:
+                taps.remove(subject, self)
+            for (subject, queue), member in self.queues.items():
+                taps.remove(subject, member, queue)
+            self.plain.clear()
+            self.queues.clear()
+            m.connections.labels(PROTOCOL).dec()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    def close(self) -> None:
+        self._cancel.cancel()
+
+    async def _timers(self) -> None:
+        cluster = self.cluster
+        await trio.sleep(cluster.handshake_timeout)
+        if not self.registered:
+            log.info(
+                "route %s: no handshake within %ss, closing", self.peer, cluster.handshake_timeout
+            )
+            self._cancel.cancel()
+            return
+        # Our own PINGs find a dead server; nats-server closes a route after ping_max
+        # unanswered ones, and so do we.
+        while True:
+            await trio.sleep(cluster.ping_interval)
+            if self._unanswered >= cluster.ping_max:
+                log.warning(
+                    "route %r is stale (%d PINGs unanswered), closing", self, self._unanswered
+                )
+                self._metrics.protocol_error(PROTOCOL, "stale")
+                self._cancel.cancel()
+                return
+            self._unanswered += 1
+            self.send(rc.PING)
+
+    async def _reader(self) -> None:
+        bytes_in = self._metrics.bytes_in.labels(PROTOCOL)
+        broker = self.cluster.broker
+        while True:
+            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            if not data:
+                return
+            bytes_in.inc(len(data))
+            self.codec.receive_data(data)
+            ok = self._process()
+            if self._received_messages:
+                # at-most-once for NATS, but a durable store still commits in groups
+                self._received_messages = False
+                await broker.flush()
+            if not ok:
+                return
+            if not self._sending:
+                await self._flush()
+            else:
+                self._wake.set()
+
+    # -- input --------------------------------------------------------------------
+
+    def _process(self) -> bool:
+        """Apply every complete op; False when the route must close."""
+        cluster = self.cluster
+        while (event := self.codec.next_event()) is not None:
+            cls = event.__class__
+            if not self.connected and cls is not ev.Connect:
+                # 2.10+ takes nothing before CONNECT on a route it accepted
+                self._error("Authorization Violation")
+                return False
+            if cls is ev.Msg:
+                self._received_messages = True
+                cluster.receive(self, event)  # type: ignore[arg-type]
+            elif cls is ev.RemoteSub:
+                self._remote_sub(event)  # type: ignore[arg-type]
+            elif cls is ev.RemoteUnsub:
+                self._remote_unsub(event)  # type: ignore[arg-type]
+            elif cls is ev.Ping:
+                self.send(rc.PONG)
+            elif cls is ev.Pong:
+                self._unanswered = 0
+            elif cls is ev.Info:
+                if not self._on_info(event.doc):  # type: ignore[union-attr]
+                    return False
+            elif cls is ev.Connect:
+                if not self._on_connect(event.doc):  # type: ignore[union-attr]
+                    return False
+            elif cls is ev.Err:
+                # nats-server sends -ERR only when it is about to close
+                log.info("route %r: server says -ERR '%s'", self, event.text)  # type: ignore[union-attr]
+                return False
+            elif cls is ev.ProtocolError:
+                reply = event.reply  # type: ignore[union-attr]
+                log.warning("route %r: protocol error (%s), closing", self, event.reason)  # type: ignore[union-attr]
+                self._metrics.protocol_error(PROTOCOL, "parse")
+                if reply is not None:
+                    self.send(reply)
+                return False
+        return True
+
+    def _error(self, text: str) -> None:
+        log.warning("route %s: %s, closing", self.peer, text)
+        self._metrics.protocol_error(PROTOCOL, text)
+        self.send(rc.err(text))
+
+    def _on_connect(self, doc: dict[str, Any]) -> bool:
+        """An inbound route's CONNECT: the checks nats-server makes, then our INFO."""
+        cluster = self.cluster
+        if self.connected:
+            return True  # a repeated CONNECT changes nothing
+        if "lang" in doc:
+            self._error("attempted to connect to route port")
+            return False
+        if cluster.user is not None and (
+            doc.get("user") != cluster.user or doc.get("pass") != cluster.password
+        ):
+            self._error("Authorization Violation")
+            return False
+        name = doc.get("cluster")
+        if not cluster.accept_cluster_name(name, doc.get("cluster_dynamic") is True):
+            self._error(
+                f'Rejecting connection, cluster name "{name}" does not match "{cluster.name}"'
+            )
+            return False
+        if doc.get("name") == cluster.server_id:
+            log.info("route %s: connected to ourselves, closing", self.peer)
+            return False
+        self.connected = True
+        self.send(rc.info(cluster.info_doc(None)))
+        return True
+
+    def _on_info(self, doc: dict[str, Any]) -> bool:
+        cluster = self.cluster
+        server_id = doc.get("server_id")
+        if self.remote_id is not None:
+            if server_id != self.remote_id and "gateway" not in doc:
+                cluster.gossip(doc)  # about another server: dial it (full mesh)
+            return True
+        if not isinstance(server_id, str) or not server_id:
+            log.warning("route %s: INFO without server_id, closing", self.peer)
+            return False
+        if server_id == cluster.server_id:
+            log.info("route %s: connected to ourselves, closing", self.peer)
+            return False
+        name = doc.get("cluster")
+        if (name or not self.solicited) and not cluster.accept_cluster_name(
+            name, doc.get("cluster_dynamic") is True
+        ):
+            log.warning(
+                "route %s: cluster name %r does not match %r, closing",
+                self.peer,
+                name,
+                cluster.name,
+            )
+            self._metrics.protocol_error(PROTOCOL, "cluster_name")
+            return False
+        if server_id in cluster.routes:
+            # one route per server; nats-server also keeps the older one
+            self.duplicate = True
+            log.info("route %s: server %s already has a route here, closing", self.peer, server_id)
+            return False
+        self.remote_id = server_id
+        self.remote_info = doc
+        self.headers = doc.get("headers") is True
+        if self.solicited:
+            # CONNECT first: 2.10+ rejects a dialed route whose first op is anything else
+            self.send(rc.connect(cluster.connect_doc(self.user, self.password)))
+            self.send(rc.info(cluster.info_doc(self.gossip_mode)))
+        cluster.register(self)
+        self.registered = True
+        self.established.set()
+        for frame in cluster.interest_frames():
+            self.send(frame)
+        log.info(
+            "route to %s (%s) established, %s",
+            doc.get("server_name") or server_id,
+            self.peer,
+            "dialed" if self.solicited else "accepted",
+        )
+        return True
+
+    def _remote_sub(self, event: ev.RemoteSub) -> None:
+        subject = event.subject
+        if event.account != ACCOUNT or not is_valid_subscription(subject):
+            return  # other accounts are kept apart; the gateway serves $G only
+        taps = self.cluster.broker.taps
+        queue = event.queue
+        if queue is None:
+            if subject not in self.plain:  # interest is a set, not a count
+                self.plain.add(subject)
+                taps.add(subject, self)
+            return
+        weight = event.weight or 0
+        member = self.queues.get((subject, queue))
+        if member is None:
+            member = self.queues[(subject, queue)] = RouteQueueMember(self, queue, weight)
+            taps.add(subject, member, queue)
+        else:
+            member.weight = weight  # a new weight comes as another RS+
+
+    def _remote_unsub(self, event: ev.RemoteUnsub) -> None:
+        if event.account != ACCOUNT:
+            return
+        taps = self.cluster.broker.taps
+        subject = event.subject
+        if event.queue is None:
+            if subject in self.plain:
+                self.plain.discard(subject)
+                taps.remove(subject, self)
+            return
+        member = self.queues.pop((subject, event.queue), None)
+        if member is not None:
+            taps.remove(subject, member, event.queue)
+
+    # -- output: the broker's taps ------------------------------------------------------
+
+    def tap(self, message: Message, publisher: object | None) -> None:
+        """Plain interest matched (maybe under several patterns: noted once)."""
+        self.note(message, None)
+
+    def note(self, message: Message, queue: str | None) -> None:
+        if self._noted is not message:
+            self._noted = message
+            self._noted_queues = []
+            self.cluster.broker.taps.deferred.append(self)
+        if queue is not None:
+            self._noted_queues.append(queue)
+
+    def tapped(self, message: Message) -> None:
+        """Every tap has seen the message: one copy for this route, naming its queues."""
+        queues = tuple(self._noted_queues) if self._noted_queues else None
+        self._noted = None
+        block = message.header_block
+        if block is None and message.headers:
+            block = encode_headers(message.headers)
+        if block is not None and self.headers:
+            frame = rc.hmsg(ACCOUNT, message.topic, message.reply_to, queues, block, message.body)
+        else:
+            # a server that declined headers gets the body only, as nats-server strips them
+            frame = rc.rmsg(ACCOUNT, message.topic, message.reply_to, queues, message.body)
+        self.send(frame)
+
+    def send(self, frame: bytes) -> None:
+        self._out.append(frame)
+        self._pending += len(frame)
+        if self._pending > self.cluster.max_pending:
+            # the server cannot keep up: nats-server closes such a route (write deadline)
+            log.warning("route %r: %d bytes unsent, closing as a slow route", self, self._pending)
+            self._metrics.protocol_error(PROTOCOL, "slow_route")
+            self._cancel.cancel()
+            return
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._cancel.cancel()
+                return
+
+    async def _flush(self) -> None:
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._out:
+                data = b"".join(self._out)
+                self._out = []
+                self._pending = 0
+                self._bytes_out.inc(len(data))
+                if self._fd is not None:
+                    sent = try_write(self._fd, data)
+                    if sent == len(data):
+                        continue
+                    data = data[sent:]
+                await self.stream.send_all(data)
+        finally:
+            self._sending = False
