@@ -168,6 +168,8 @@ class Gateway:
                 if clustered:
                     # before any listener: a client's first SUB must count as interest
                     self.cluster.attach()
+                if self.settings.address("beanstalk") is not None:
+                    self.beanstalk.start()
                 for protocol, setting, handle in (
                     ("nsq", "nsq", self._nsq_connection),
                     ("beanstalk", "beanstalk", self._beanstalk_connection),

@@ -48,7 +48,10 @@ class BeanstalkServer:
     # pheanstalk read it as a string
     instance_id: str = field(default_factory=lambda: "a" + secrets.token_hex(8)[1:])
 
-    def __post_init__(self) -> None:
+    def start(self) -> None:
+        """beanstalkd always has the `default` tube, with its workers' group: made once the
+        store is open, and only when the beanstalkd listener runs (a group is interest a
+        NATS cluster hears about)."""
         self.ensure_tube(DEFAULT_TUBE)
 
     # -- tubes ------------------------------------------------------------------

@@ -1,0 +1,613 @@
+"""NATS cluster route protocol, both directions, sans-IO: one route connection's framing.
+
+`RouteCodec` turns the bytes a cluster peer (a nats-server, or another gateway) sends
+on a route into the events of route_events.py; the pure functions at the end build the
+frames we send. No sockets, no clock, no broker. Reading is pull-style (h11): feed bytes
+with `receive_data`, then call `next_event` until it returns None. The same bytes give
+the same events however they are chunked.
+
+How the route protocol is framed (see /work/shared/protocols/nats-route.md §1, §7-§9;
+argument rules read from nats-server route.go and parser.go):
+
+* Text lines end at `\\n`; a `\\r` just before it is dropped, so bare `\\n` works as it
+  does in nats-server. Op names are case-insensitive and end at the first space or tab.
+  Arguments are separated by runs of spaces, tabs (and `\\r`, which route.go also splits
+  on), because servers are not tidy about it: 2.9.10 writes `LS-  $G leaf.sub` with an
+  empty origin between two spaces, and every server ends its INFO line with `} \\r\\n`.
+* RMSG, HMSG and LMSG put the sizes *last*, so a parser counts tokens from both ends:
+  `RMSG <acc> <subj> [<reply>] <size>`; with more tokens the third is a queue marker,
+  `+ <reply> <q>...` or `| <q>...`. HMSG and LMSG end with `<hdr_len> <total_len>` (the
+  total includes the header block); LMSG starts with the origin cluster and always has a
+  header size, 0 without headers. Exactly `<size>` payload bytes and then `\\r\\n` follow;
+  anything else there is `-ERR 'Unknown Protocol Operation'`, decided as soon as the
+  wrong byte arrives (the payload length is the only framing, so a mismatch means the
+  stream is lost).
+* `RS+ <acc> <subj> [<queue> <weight>]`, `RS- <acc> <subj> [<queue>]`, and LS+/LS- with
+  an origin in front. A queue RS+ without a weight, or an RS- with one, is an error:
+  mixing them up would corrupt the interest tables on both sides.
+* Argument errors, bad INFO/CONNECT JSON: nats-server only logs them and closes, so the
+  ProtocolError has no reply. Unknown ops get `-ERR 'Unknown Protocol Operation'` at the
+  first byte that rules out every op, so garbage without a newline cannot pile up.
+* Ops nats-server accepts on a route and drops: SUB (silently), PUB (a message for no
+  account; its payload is consumed), A+ and A- (gateway interest).
+
+Limits. A control line (the whole line, without its `\\r\\n`) may be max_control_line
+bytes: 64 KiB by default, which is what nats-server 2.14+ allows on routes (16 x its
+max_control_line of 4096; 2.9 has no limit). Longer, finished or not, is `-ERR 'maximum
+control line exceeded'` (nats-server's text, lower case). nats-server does not enforce
+max_payload on routes at all; we need a bound on what one message may buffer, so sizes
+over max_payload (64 MiB by default) are `-ERR 'Maximum Payload Violation'`.
+
+Deliberate differences from nats-server, for input no server sends: the limit counts the
+op name too (nats-server counts the arguments only); `PINGX`, `INFO{...}` and
+`CONNECT{...}` are unknown ops here; UNSUB and HPUB are unknown ops (nats-server treats
+UNSUB as RS- and drops HPUB); a queue weight that is not a number is an error (nats-server
+takes it as 1); INFO/CONNECT must be JSON objects (`null` too is an error).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from gateway.protocols.nats import route_events as ev
+from gateway.protocols.nats.client_codec import (
+    ERR_MAX_CONTROL_LINE,
+    ERR_MAX_PAYLOAD,
+    ERR_UNKNOWN_OP,
+    MAX_CONTROL_LINE_SIZE,
+    MAX_SIZE_DIGITS,
+    PING,
+    PONG,
+    _go_json,
+    _parse_json,
+    _parse_size,
+    err,
+    info,
+)
+
+__all__ = [
+    "ERR_MAX_CONTROL_LINE",
+    "ERR_MAX_PAYLOAD",
+    "ERR_UNKNOWN_OP",
+    "MAX_ROUTE_CONTROL_LINE",
+    "MAX_ROUTE_PAYLOAD",
+    "PING",
+    "PONG",
+    "RouteCodec",
+    "connect",
+    "err",
+    "hmsg",
+    "info",
+    "rmsg",
+    "rs_minus",
+    "rs_plus",
+]
+
+# nats-server 2.14+ parser.go overMaxControlLineLimit: routes get 16 x max_control_line.
+MAX_ROUTE_CONTROL_LINE: Final = 16 * MAX_CONTROL_LINE_SIZE
+# Not a nats-server limit (routes have none): our bound on one buffered message.
+MAX_ROUTE_PAYLOAD: Final = 64 * 1024 * 1024
+# util.go parseSize reads at most 9 digits, so a larger weight would not parse.
+_MAX_WEIGHT: Final = 10**MAX_SIZE_DIGITS - 1
+# Consumed bytes are dropped from the front of the buffer once this many have piled up
+# (or all of them): one deletion per batch of events, not one per event.
+_COMPACT_AT: Final = 65536
+
+_SEP = re.compile(rb"[ \t]")
+_ARGS = re.compile(rb"[^ \t\r]+")
+
+# The usual message lines, whole: upper case, single spaces, CRLF, sizes of 1-9 digits.
+# Whatever these match parses the same in the general path; anything else (a queue
+# list, a short buffer, a limit exceeded) takes the general path.
+_FAST_RMSG = re.compile(rb"RMSG ([^ \t\r\n]+) ([^ \t\r\n]+) (?:([^ \t\r\n]+) )?(\d{1,9})\r\n")
+_FAST_HMSG = re.compile(
+    rb"HMSG ([^ \t\r\n]+) ([^ \t\r\n]+) (?:([^ \t\r\n]+) )?(\d{1,9}) (\d{1,9})\r\n"
+)
+
+
+def _str(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _opt(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "surrogateescape")
+
+
+def _queues(raw: list[bytes] | None) -> tuple[str, ...] | None:
+    return None if raw is None else tuple(q.decode("utf-8", "surrogateescape") for q in raw)
+
+
+# A message waiting for its payload: (the op if it is dropped, i.e. "PUB", else None;
+# account, subject, reply, queues, origin; header size, -1 for "no header"; total size).
+_Pending = tuple[str | None, str, str, str | None, tuple[str, ...] | None, str | None, int, int]
+
+
+class RouteCodec:
+    """One route connection's input.
+
+    `max_control_line` and `max_payload` are the limits described in the module
+    docstring; the session may change them between calls.
+    """
+
+    def __init__(
+        self,
+        max_control_line: int = MAX_ROUTE_CONTROL_LINE,
+        max_payload: int = MAX_ROUTE_PAYLOAD,
+    ) -> None:
+        self.max_payload = max_payload
+        self.max_control_line = max_control_line
+        self._buf = bytearray()
+        self._pos = 0
+        # Where the search for the current line's \n resumes: a line arriving a byte at
+        # a time is scanned once, not once per byte.
+        self._scan = 0
+        self._closed = False
+        self._want: _Pending | None = None
+
+    # -- input ---------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if self._closed:
+            return
+        pos = self._pos
+        if pos:
+            if pos >= len(self._buf):
+                self._buf.clear()
+                self._pos = self._scan = 0
+            elif pos > _COMPACT_AT:
+                del self._buf[:pos]
+                self._pos = 0
+                self._scan = max(self._scan - pos, 0)
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet turned into events."""
+        return len(self._buf) - self._pos
+
+    def next_event(self) -> ev.Event | None:
+        """The next event, or None until more data arrives (or for ever after an error)."""
+        if self._closed:
+            return None
+        if self._want is not None:
+            return self._payload()
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):
+            return None
+        # A line already seen unfinished skips the fast paths: rematching its start
+        # for every new chunk would make a line sent a byte at a time quadratic.
+        first = buf[pos] if self._scan <= pos else 0
+        if first == 82:  # R
+            m = _FAST_RMSG.match(buf, pos)
+            if m is not None:
+                start = m.end()
+                size = int(m[4])
+                end = start + size
+                if (
+                    size <= self.max_payload
+                    and start - 2 - pos <= self.max_control_line
+                    and buf.startswith(b"\r\n", end)
+                ):
+                    self._pos = end + 2
+                    reply = m[3]
+                    return ev.Msg(
+                        m[1].decode("utf-8", "surrogateescape"),
+                        m[2].decode("utf-8", "surrogateescape"),
+                        None if reply is None else reply.decode("utf-8", "surrogateescape"),
+                        None,
+                        None,
+                        bytes(buf[start:end]),
+                        None,
+                    )
+        elif first == 72:  # H
+            m = _FAST_HMSG.match(buf, pos)
+            if m is not None:
+                start = m.end()
+                hdr = int(m[4])
+                size = int(m[5])
+                end = start + size
+                if (
+                    hdr <= size <= self.max_payload
+                    and start - 2 - pos <= self.max_control_line
+                    and buf.startswith(b"\r\n", end)
+                ):
+                    self._pos = end + 2
+                    reply = m[3]
+                    split = start + hdr
+                    return ev.Msg(
+                        m[1].decode("utf-8", "surrogateescape"),
+                        m[2].decode("utf-8", "surrogateescape"),
+                        None if reply is None else reply.decode("utf-8", "surrogateescape"),
+                        None,
+                        bytes(buf[start:split]),
+                        bytes(buf[split:end]),
+                        None,
+                    )
+        elif first == 80:  # P
+            if buf.startswith(b"PING\r\n", pos):
+                self._pos = pos + 6
+                return ev.Ping()
+            if buf.startswith(b"PONG\r\n", pos):
+                self._pos = pos + 6
+                return ev.Pong()
+        return self._general()
+
+    def _general(self) -> ev.Event | None:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        nl = buf.find(b"\n", max(self._scan, pos))
+        if nl < 0:
+            self._scan = end
+            return self._unfinished(pos, end)
+        stop = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+        line = bytes(buf[pos:stop])
+        self._pos = nl + 1
+        op_end = _op_end(line, 0, len(line))
+        handler = _HANDLERS.get(line[:op_end].lower())
+        if handler is None:
+            return self._fail(ERR_UNKNOWN_OP, "Unknown Protocol Operation")
+        if len(line) > self.max_control_line:
+            return self._fail(ERR_MAX_CONTROL_LINE, "maximum control line exceeded")
+        return handler(self, line, op_end)
+
+    def _unfinished(self, pos: int, end: int) -> ev.Event | None:
+        """Fail early on a line that can only end in an error, so it is not buffered.
+
+        Decides only what the finished line would decide too: the op name once it can
+        match no op, the length once it is over the limit whatever follows (a final `\\r`
+        may be the one before the `\\n`, so it does not count yet).
+        """
+        buf = self._buf
+        # The op name is looked for in its first bytes only: a longer name is no op.
+        window = min(end, pos + _LONGEST_OP + 2)
+        op_end = _op_end(buf, pos, window)
+        if op_end == window:
+            name = bytes(buf[pos:window])
+            if name.endswith(b"\r"):
+                name = name[:-1]
+            if name.lower() not in _OP_PREFIXES:
+                return self._fail(ERR_UNKNOWN_OP, "Unknown Protocol Operation")
+            return None  # the name so far is shorter than the longest op name
+        if bytes(buf[pos:op_end]).lower() not in _HANDLERS:
+            return self._fail(ERR_UNKNOWN_OP, "Unknown Protocol Operation")
+        length = end - pos - (buf[end - 1] == 13)
+        if length > self.max_control_line:
+            return self._fail(ERR_MAX_CONTROL_LINE, "maximum control line exceeded")
+        return None
+
+    def _fail(self, reply: bytes | None, reason: str) -> ev.ProtocolError:
+        self._closed = True
+        self._want = None
+        self._buf.clear()  # up to max_payload of a message we will never finish
+        self._pos = self._scan = 0
+        return ev.ProtocolError(reply, reason)
+
+    # -- payloads --------------------------------------------------------------------
+
+    def _expect(
+        self,
+        dropped: str | None,
+        account: bytes,
+        subject: bytes,
+        reply: bytes | None,
+        queues: list[bytes] | None,
+        origin: bytes | None,
+        hdr: int,
+        size: int,
+    ) -> ev.Event | None:
+        if size > self.max_payload:
+            return self._fail(ERR_MAX_PAYLOAD, "Maximum Payload Violation")
+        self._want = (
+            dropped,
+            _str(account),
+            _str(subject),
+            _opt(reply),
+            _queues(queues),
+            _opt(origin),
+            hdr,
+            size,
+        )
+        return self._payload()
+
+    def _payload(self) -> ev.Event | None:
+        assert self._want is not None
+        dropped, account, subject, reply, queues, origin, hdr, size = self._want
+        buf = self._buf
+        start = self._pos
+        end = start + size
+        have = len(buf)
+        if have <= end:
+            return None
+        if buf[end] != 13:
+            return self._fail(ERR_UNKNOWN_OP, "payload not followed by CRLF")
+        if have == end + 1:
+            return None
+        if buf[end + 1] != 10:
+            return self._fail(ERR_UNKNOWN_OP, "payload not followed by CRLF")
+        self._want = None
+        self._pos = self._scan = end + 2
+        if dropped is not None:
+            return ev.Ignored(dropped)
+        with memoryview(buf) as view:
+            if hdr < 0:
+                header = None
+                payload = view[start:end].tobytes()
+            else:
+                split = start + hdr
+                header = view[start:split].tobytes()
+                payload = view[split:end].tobytes()
+        return ev.Msg(account, subject, reply, queues, header, payload, origin)
+
+    # -- ops: handler(self, line without its line end, index where the op name ends) --
+
+    def _rmsg(self, line: bytes, at: int) -> ev.Event | None:
+        args = _ARGS.findall(line, at)
+        n = len(args)
+        if n < 3:
+            return self._fail(None, "processRoutedMsgArgs Parse Error")
+        reply: bytes | None = None
+        queues: list[bytes] | None = None
+        if n == 4:
+            reply = args[2]
+        elif n > 4:
+            marker = args[2]
+            if marker == b"+":
+                reply, queues = args[3], args[4:-1]
+            elif marker == b"|":
+                queues = args[3:-1]
+            else:
+                return self._fail(None, "processRoutedMsgArgs Bad or Missing Reply Indicator")
+        size = _parse_size(args[-1])
+        if size < 0:
+            return self._fail(None, "processRoutedMsgArgs Bad or Missing Size")
+        return self._expect(None, args[0], args[1], reply, queues, None, -1, size)
+
+    def _hmsg(self, line: bytes, at: int) -> ev.Event | None:
+        args = _ARGS.findall(line, at)
+        if len(args) < 4:
+            return self._fail(None, "processRoutedHeaderMsgArgs Parse Error")
+        return self._header_msg(args, None, "processRoutedHeaderMsgArgs")
+
+    def _lmsg(self, line: bytes, at: int) -> ev.Event | None:
+        args = _ARGS.findall(line, at)
+        if len(args) < 5:
+            return self._fail(None, "processRoutedOriginClusterMsgArgs Parse Error")
+        return self._header_msg(args[1:], args[0], "processRoutedOriginClusterMsgArgs")
+
+    def _header_msg(self, args: list[bytes], origin: bytes | None, where: str) -> ev.Event | None:
+        """HMSG arguments, or LMSG's after the origin: 4 or more of them."""
+        n = len(args)
+        reply: bytes | None = None
+        queues: list[bytes] | None = None
+        if n == 5:
+            reply = args[2]
+        elif n > 5:
+            marker = args[2]
+            if marker == b"+":
+                reply, queues = args[3], args[4:-2]
+            elif marker == b"|":
+                queues = args[3:-2]
+            else:
+                return self._fail(None, f"{where} Bad or Missing Reply Indicator")
+        hdr = _parse_size(args[-2])
+        size = _parse_size(args[-1])
+        if hdr < 0:
+            return self._fail(None, f"{where} Bad or Missing Header Size")
+        if size < 0:
+            return self._fail(None, f"{where} Bad or Missing Size")
+        if hdr > size:
+            return self._fail(None, f"{where} Header Size larger then TotalSize")
+        if origin is not None and hdr == 0:
+            hdr = -1  # LMSG always carries a header size; 0 means it has no header block
+        return self._expect(None, args[0], args[1], reply, queues, origin, hdr, size)
+
+    def _rs_plus(self, line: bytes, at: int) -> ev.Event:
+        return self._remote_sub(_ARGS.findall(line, at), None)
+
+    def _ls_plus(self, line: bytes, at: int) -> ev.Event:
+        args = _ARGS.findall(line, at)
+        if len(args) != 3 and len(args) != 5:
+            return self._fail(None, "processRemoteSub Parse Error")
+        return self._remote_sub(args[1:], args[0])
+
+    def _remote_sub(self, args: list[bytes], origin: bytes | None) -> ev.Event:
+        n = len(args)
+        if n == 2:
+            return ev.RemoteSub(_str(args[0]), _str(args[1]), None, None, _opt(origin))
+        if n == 4:
+            weight = _parse_size(args[3])
+            if weight < 0:
+                return self._fail(None, "processRemoteSub Bad Queue Weight")
+            return ev.RemoteSub(_str(args[0]), _str(args[1]), _str(args[2]), weight, _opt(origin))
+        return self._fail(None, "processRemoteSub Parse Error")
+
+    def _rs_minus(self, line: bytes, at: int) -> ev.Event:
+        return self._remote_unsub(_ARGS.findall(line, at), None)
+
+    def _ls_minus(self, line: bytes, at: int) -> ev.Event:
+        args = _ARGS.findall(line, at)
+        # A second separator right after the op is 2.9.10's empty origin; two arguments
+        # are what 2.10+ sends to a peer that did not ask for the origin (no lnocu).
+        if len(args) == 2 or (at + 1 < len(line) and line[at + 1] in b" \t"):
+            return self._remote_unsub(args, None)
+        if len(args) != 3 and len(args) != 4:
+            return self._fail(None, "processRemoteUnsub parse error")
+        return self._remote_unsub(args[1:], args[0])
+
+    def _remote_unsub(self, args: list[bytes], origin: bytes | None) -> ev.Event:
+        n = len(args)
+        if n == 2:
+            return ev.RemoteUnsub(_str(args[0]), _str(args[1]), None, _opt(origin))
+        if n == 3:
+            return ev.RemoteUnsub(_str(args[0]), _str(args[1]), _str(args[2]), _opt(origin))
+        return self._fail(None, "processRemoteUnsub parse error")
+
+    def _json_object(self, line: bytes, at: int) -> dict[str, Any] | None:
+        try:
+            doc = _parse_json(line[at:].strip(b" \t\r"))
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def _info(self, line: bytes, at: int) -> ev.Event:
+        doc = self._json_object(line, at)
+        if doc is None:
+            return self._fail(None, "INFO is not a JSON object")
+        return ev.Info(doc)
+
+    def _connect(self, line: bytes, at: int) -> ev.Event:
+        doc = self._json_object(line, at)
+        if doc is None:
+            return self._fail(None, "CONNECT is not a JSON object")
+        return ev.Connect(doc)
+
+    def _err(self, line: bytes, at: int) -> ev.Event:
+        text = line[at:].strip(b" \t\r")
+        if len(text) >= 2 and text[0] == 39 and text[-1] == 39:  # '...'
+            text = text[1:-1]
+        # Only ever logged: replace bad UTF-8 rather than carry surrogates into the log.
+        return ev.Err(text.decode("utf-8", "replace"))
+
+    def _ping(self, line: bytes, at: int) -> ev.Event:
+        return ev.Ping()  # nats-server ignores anything after PING/PONG/+OK as well
+
+    def _pong(self, line: bytes, at: int) -> ev.Event:
+        return ev.Pong()
+
+    def _ok(self, line: bytes, at: int) -> ev.Event:
+        return ev.Ok()
+
+    def _sub(self, line: bytes, at: int) -> ev.Event:
+        return ev.Ignored("SUB")
+
+    def _a_plus(self, line: bytes, at: int) -> ev.Event:
+        return ev.Ignored("A+")
+
+    def _a_minus(self, line: bytes, at: int) -> ev.Event:
+        return ev.Ignored("A-")
+
+    def _pub(self, line: bytes, at: int) -> ev.Event | None:
+        args = _ARGS.findall(line, at)
+        if len(args) != 2 and len(args) != 3:
+            return self._fail(None, "processPub Parse Error")
+        size = _parse_size(args[-1])
+        if size < 0:
+            return self._fail(None, "processPub Bad or Missing Size")
+        reply = args[1] if len(args) == 3 else None
+        return self._expect("PUB", b"", args[0], reply, None, None, -1, size)
+
+
+# The ops of a route, by lower-case name. Anything else is an unknown op.
+_HANDLERS: Final[dict[bytes, Callable[[RouteCodec, bytes, int], ev.Event | None]]] = {
+    b"rmsg": RouteCodec._rmsg,
+    b"hmsg": RouteCodec._hmsg,
+    b"lmsg": RouteCodec._lmsg,
+    b"rs+": RouteCodec._rs_plus,
+    b"rs-": RouteCodec._rs_minus,
+    b"ls+": RouteCodec._ls_plus,
+    b"ls-": RouteCodec._ls_minus,
+    b"ping": RouteCodec._ping,
+    b"pong": RouteCodec._pong,
+    b"info": RouteCodec._info,
+    b"connect": RouteCodec._connect,
+    b"+ok": RouteCodec._ok,
+    b"-err": RouteCodec._err,
+    b"sub": RouteCodec._sub,
+    b"pub": RouteCodec._pub,
+    b"a+": RouteCodec._a_plus,
+    b"a-": RouteCodec._a_minus,
+}
+_OP_PREFIXES: Final = frozenset(name[:i] for name in _HANDLERS for i in range(len(name) + 1))
+_LONGEST_OP: Final = max(map(len, _HANDLERS))
+
+
+def _op_end(data: bytes | bytearray, start: int, stop: int) -> int:
+    """Where the op name starting at `start` ends: the first space or tab, else `stop`."""
+    m = _SEP.search(data, start, stop)
+    return stop if m is None else m.start()
+
+
+# -- frames for the peer ----------------------------------------------------------------
+
+
+def _enc(value: str) -> bytes:
+    return value.encode("utf-8", "surrogateescape")
+
+
+def connect(doc: dict[str, Any]) -> bytes:
+    """`CONNECT {json}\\r\\n`, compact JSON as Go writes it."""
+    return b"CONNECT " + _go_json(doc).encode("utf-8", "surrogateescape") + b"\r\n"
+
+
+def rs_plus(
+    account: str, subject: str, queue: str | None = None, weight: int | None = None
+) -> bytes:
+    """`RS+ <account> <subject> [<queue> <weight>]\\r\\n`.
+
+    A queue needs its weight (the number of our members, sent again whenever it changes)
+    and a plain subscription must not have one: nats-server closes the route otherwise.
+    """
+    if queue is None:
+        if weight is not None:
+            raise ValueError("a weight needs a queue")
+        return b"RS+ %s %s\r\n" % (_enc(account), _enc(subject))
+    if weight is None or not 0 <= weight <= _MAX_WEIGHT:
+        raise ValueError(f"a queue RS+ needs a weight from 0 to {_MAX_WEIGHT}, got {weight}")
+    return b"RS+ %s %s %s %d\r\n" % (_enc(account), _enc(subject), _enc(queue), weight)
+
+
+def rs_minus(account: str, subject: str, queue: str | None = None) -> bytes:
+    """`RS- <account> <subject> [<queue>]\\r\\n` (never a weight: that closes the route)."""
+    if queue is None:
+        return b"RS- %s %s\r\n" % (_enc(account), _enc(subject))
+    return b"RS- %s %s %s\r\n" % (_enc(account), _enc(subject), _enc(queue))
+
+
+def _head(account: str, subject: str, reply: str | None, queues: Iterable[str] | None) -> bytes:
+    # An empty queue list is written as none: `RMSG $G s | 5` would be read as reply "|".
+    names = b" ".join(_enc(q) for q in queues) if queues else b""
+    if names:
+        if reply:
+            return b"%s %s + %s %s" % (_enc(account), _enc(subject), _enc(reply), names)
+        return b"%s %s | %s" % (_enc(account), _enc(subject), names)
+    if reply:
+        return b"%s %s %s" % (_enc(account), _enc(subject), _enc(reply))
+    return b"%s %s" % (_enc(account), _enc(subject))
+
+
+def rmsg(
+    account: str,
+    subject: str,
+    reply: str | None,
+    queues: Iterable[str] | None,
+    payload: bytes,
+) -> bytes:
+    """`RMSG <account> <subject> [<reply> | + <reply> <q>... | "|" <q>...] <size>\\r\\n...`.
+
+    Without queues the message reaches only the peer's plain subscribers; name a queue
+    group to have the peer deliver to one of its members.
+    """
+    return b"RMSG %s %d\r\n%s\r\n" % (_head(account, subject, reply, queues), len(payload), payload)
+
+
+def hmsg(
+    account: str,
+    subject: str,
+    reply: str | None,
+    queues: Iterable[str] | None,
+    header: bytes,
+    payload: bytes,
+) -> bytes:
+    """Like rmsg, with `<hdr_len> <total_len>`; the total includes the header block."""
+    hdr = len(header)
+    return b"HMSG %s %d %d\r\n%s%s\r\n" % (
+        _head(account, subject, reply, queues),
+        hdr,
+        hdr + len(payload),
+        header,
+        payload,
+    )
