@@ -87,10 +87,7 @@ class Gateway:
         r = s.nats_routing
         server_ssl = client_ssl = None
         if r.tls:
-            server_ssl = self.ssl_context
-            client_ssl = ssl.create_default_context(cafile=r.tls_ca)
-            if server_ssl is None:
-                log.warning("nats_routing.tls is on but there is no tls_cert/tls_key")
+            server_ssl, client_ssl = self._route_ssl()
         server_id = self.nats.server_id
         return Cluster(
             self.broker,
@@ -114,6 +111,25 @@ class Gateway:
             server_ssl=server_ssl,
             client_ssl=client_ssl,
         )
+
+    def _route_ssl(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext]:
+        """Route TLS is mutual, as nats-server's is: each side shows its certificate and
+        checks the other's against the CA (tls_ca; the system store when unset)."""
+        s = self.settings
+        ca = s.nats_routing.tls_ca
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        server = None
+        if s.tls_cert and s.tls_key:
+            client.load_cert_chain(s.tls_cert, s.tls_key)
+            server = server_ssl_context(s.tls_cert, s.tls_key)
+            server.verify_mode = ssl.CERT_REQUIRED
+            if ca:
+                server.load_verify_locations(ca)
+            else:
+                server.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+        else:
+            log.warning("nats_routing.tls is on but there is no tls_cert/tls_key to offer")
+        return server, client
 
     def _nsq_server(self) -> NSQServer:
         n = self.settings.nsqd

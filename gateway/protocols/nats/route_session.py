@@ -140,11 +140,13 @@ class RouteSession:
 
     async def _timers(self) -> None:
         cluster = self.cluster
-        await trio.sleep(cluster.handshake_timeout)
+        with trio.move_on_after(cluster.handshake_timeout):
+            await self.established.wait()
         if not self.registered:
             log.info(
                 "route %s: no handshake within %ss, closing", self.peer, cluster.handshake_timeout
             )
+            self._metrics.protocol_error(PROTOCOL, "handshake_timeout")
             self._cancel.cancel()
             return
         # Our own PINGs find a dead server; nats-server closes a route after ping_max
@@ -243,8 +245,9 @@ class RouteSession:
             return False
         name = doc.get("cluster")
         if not cluster.accept_cluster_name(name, doc.get("cluster_dynamic") is True):
+            shown = name if isinstance(name, str) else ""
             self._error(
-                f'Rejecting connection, cluster name "{name}" does not match "{cluster.name}"'
+                f'Rejecting connection, cluster name "{shown}" does not match "{cluster.name}"'
             )
             return False
         if doc.get("name") == cluster.server_id:

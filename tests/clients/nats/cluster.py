@@ -67,6 +67,7 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     cluster_name: str = CLUSTER
     extra: str = ""  # more config, verbatim
+    cluster_extra: str = ""  # more config inside the cluster block (tls, authorization)
     log: bool = False  # debug + trace into <tmp>/<name>.log
     client: Address = field(default_factory=lambda: ("127.0.0.1", free_port()))
     cluster: Address = field(default_factory=lambda: ("127.0.0.1", free_port()))
@@ -99,7 +100,7 @@ class NatsServer:
             f"{logging}"
             f"cluster {{\n  name: {self.cluster_name}\n"
             f"  listen: {self.cluster[0]}:{self.cluster[1]}\n"
-            f"  routes: [{routes}]\n}}\n"
+            f"  routes: [{routes}]\n  {self.cluster_extra}\n}}\n"
             f"{self.extra}\n"
         )
 
