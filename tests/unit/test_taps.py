@@ -61,3 +61,86 @@ async def test_taps_see_publishes_from_every_protocol() -> None:
     broker.publish("t", [b"a", b"b"])
     assert seen.got == [("t", b"a"), ("t", b"b")]
     assert len(group.ready) == 2
+
+
+# -- remote interest (a NATS cluster route's) ---------------------------------------------
+
+
+class Remote:
+    """Stands for a route: remote, weighted, and told once per message after every tap."""
+
+    remote = True
+
+    def __init__(self, taps: object, weight: int = 1) -> None:
+        self.taps = taps
+        self.weight = weight
+        self.noted: list[bytes] = []
+        self.sent: list[bytes] = []
+
+    def tap(self, message: Message, publisher: object | None) -> None:
+        if not self.noted or self.noted[-1] is not message.body:
+            self.taps.deferred.append(self)  # type: ignore[attr-defined]
+        self.noted.append(message.body)
+
+    def tapped(self, message: Message) -> None:
+        self.sent.append(message.body)
+
+
+async def test_queue_members_across_the_route_by_weight() -> None:
+    broker = Broker(MemoryStore())
+    local = Recorder()
+    far = Remote(broker.taps, weight=3)
+    idle = Remote(broker.taps, weight=0)
+    broker.taps.add("jobs", local, "w")
+    broker.taps.add("jobs", far, "w")
+    broker.taps.add("jobs", idle, "w")
+    for i in range(400):
+        broker.publish("jobs", [b"%d" % i], create=False)
+    assert len(local.got) == 100
+    assert len(far.sent) == 300
+    assert idle.sent == []  # weight 0 is announced but never chosen
+    assert sorted([b for _, b in local.got] + far.sent) == sorted(b"%d" % i for i in range(400))
+
+
+async def test_routed_messages_stay_local() -> None:
+    """From a route: plain local taps get it, remote taps never do, and a local queue member
+    only when the route named its queue."""
+    broker = Broker(MemoryStore())
+    plain, member = Recorder(), Recorder()
+    far_plain, far_member = Remote(broker.taps), Remote(broker.taps)
+    broker.taps.add("s.*", plain)
+    broker.taps.add("s.a", member, "w")
+    broker.taps.add("s.>", far_plain)
+    broker.taps.add("s.a", far_member, "w")
+    broker.publish("s.a", [b"named"], create=False, routed=("w",))
+    broker.publish("s.a", [b"unnamed"], create=False, routed=())
+    broker.publish("s.a", [b"other"], create=False, routed=("x",))
+    assert plain.got == [("s.a", b"named"), ("s.a", b"unnamed"), ("s.a", b"other")]
+    assert member.got == [("s.a", b"named")]
+    assert far_plain.sent == far_member.sent == []
+
+
+async def test_a_remote_tap_sends_once_per_message() -> None:
+    """A route with plain interest under two matching patterns and a queue member: one
+    `tapped` per message, after it saw every match."""
+    broker = Broker(MemoryStore())
+    route = Remote(broker.taps)
+    broker.taps.add("a.*", route)
+    broker.taps.add("a.>", route)
+    broker.publish("a.b", [b"1", b"2"], create=False)
+    assert route.sent == [b"1", b"2"]
+    assert route.noted == [b"1", b"1", b"2", b"2"]
+
+
+async def test_watch_hears_local_interest_only() -> None:
+    broker = Broker(MemoryStore())
+    heard: list[tuple[str, str | None, int]] = []
+    broker.taps.watch = lambda p, q, d: heard.append((p, q, d))
+    a, b = Recorder(), Recorder()
+    broker.taps.add("x", a)
+    broker.taps.add("x", b, "q")
+    broker.taps.add("x", Remote(broker.taps))
+    broker.taps.remove("x", a)
+    broker.taps.remove("x", a)  # not there: nothing to hear
+    broker.taps.remove("x", b, "q")
+    assert heard == [("x", None, 1), ("x", "q", 1), ("x", None, -1), ("x", "q", -1)]
