@@ -75,6 +75,8 @@ class Gateway:
             max_payload=n.max_payload,
             max_pending=n.max_pending,
             max_control_line=n.max_control_line,
+            ping_interval=n.ping_interval,
+            ping_max=n.ping_max,
             user=n.user,
             password=n.password,
             token=n.token,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import trio
+from pathlib import Path
 
+import pytest
+import trio
+import trio.testing
+
+from tests.clients.nats.cluster import nats_server
 from tests.helpers import running_gateway
 
 
@@ -80,4 +85,55 @@ async def test_auth_is_required_when_configured() -> None:
         assert await _closed(stream) == b"-ERR 'Authorization Violation'\r\n"
         stream = await _connect(gw)
         await stream.send_all(b'CONNECT {"auth_token":"s3cret"}\r\nPING\r\n')
+        assert await _read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+
+
+async def _silent_client(address: tuple[str, int]) -> bytes:
+    """CONNECT, then never a word: everything the server sends after its INFO until it
+    closes the connection."""
+    stream = await trio.open_tcp_stream(*address)
+    await _read_until(stream, b"\r\n")
+    await stream.send_all(b'CONNECT {"verbose":false}\r\n')
+    return await _closed(stream, timeout=20)
+
+
+async def test_an_idle_client_is_pinged_then_closed_as_nats_server_does(tmp_path: Path) -> None:
+    """ping_interval 1 s, ping_max 2, on a real nats-server 2.15 and on the gateway, side by
+    side: a client that never answers gets the same PINGs and the same 'Stale Connection'."""
+    got: dict[str, bytes] = {}
+    async with (
+        nats_server("2.15", "pinger", tmp_path, extra='ping_interval: "1s"\nping_max: 2') as srv,
+        running_gateway(nats="127.0.0.1:0", nats_server__ping_interval=1.0) as gw,
+    ):
+
+        async def run(name: str, address: tuple[str, int]) -> None:
+            got[name] = await _silent_client(address)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "nats-server", srv.client)
+            nursery.start_soon(run, "gateway", gw.addresses["nats"])
+    assert got["gateway"] == got["nats-server"] == (b"PING\r\nPING\r\n-ERR 'Stale Connection'\r\n")
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.05)
+
+
+async def test_a_client_that_answers_stays(autojump_clock: trio.testing.MockClock) -> None:
+    """With the default 2 minute interval: a client that answers each PING is still there
+    after an hour. Its PONG is activity, and nats-server delays the PING after activity by
+    one interval, so it was pinged every 4 minutes: 15 times."""
+    async with running_gateway(nats="127.0.0.1:0") as gw:
+        stream = await trio.open_tcp_stream(*gw.addresses["nats"])
+        await _read_until(stream, b"\r\n")
+        await stream.send_all(b'CONNECT {"verbose":false}\r\n')
+        pings = 0
+        start = trio.current_time()
+        while trio.current_time() - start < 3600:
+            assert await _read_until(stream, b"PING\r\n", timeout=300) == b"PING\r\n"
+            pings += 1
+            await stream.send_all(b"PONG\r\n")
+        assert 14 <= pings <= 16
+        await stream.send_all(b"PING\r\n")
         assert await _read_until(stream, b"PONG\r\n") == b"PONG\r\n"

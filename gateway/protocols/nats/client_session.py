@@ -26,6 +26,9 @@ log = logging.getLogger("gateway.nats")
 _RECEIVE_SIZE = 65536
 _HEADER_LINE = b"NATS/1.0\r\n"
 _NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
+# nats-server's firstClientPingInterval: the first PING to a client comes this soon (or at
+# ping_interval, if shorter), then every ping_interval.
+_FIRST_PING = 2.0
 
 
 def parse_headers(block: bytes) -> list[tuple[str, str]]:
@@ -92,6 +95,8 @@ class NATSClientSession:
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
         self._origin = f"nats {remote}"
+        self._pings_out = 0
+        self._heard = False  # anything read since the last ping tick
         self._metrics = server.metrics
         self._bytes_out = server.metrics.bytes_out.labels("nats")
 
@@ -107,6 +112,7 @@ class NATSClientSession:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
                 nursery.start_soon(self._writer)
+                nursery.start_soon(self._pinger)
                 self._out.append(self._info())
                 await self._flush()
                 await self._reader()
@@ -141,12 +147,37 @@ class NATSClientSession:
             doc["auth_required"] = True
         return cc.info(doc)
 
+    async def _pinger(self) -> None:
+        """nats-server's ping timer: PING an idle client every ping_interval; a client that
+        leaves ping_max PINGs unanswered gets 'Stale Connection' and is closed. A client
+        heard from since the last tick is not pinged (nats-server skips it too)."""
+        interval = self.server.ping_interval
+        await trio.sleep(min(interval, _FIRST_PING))
+        while True:
+            if self._heard:
+                self._heard = False
+                self._pings_out = 0
+            elif self._pings_out + 1 > self.server.ping_max:
+                self._error("Stale Connection")
+                log.info("nats client %s is stale: closing", self.remote)
+                try:
+                    await self._flush()
+                finally:
+                    self._cancel.cancel()
+                return
+            else:
+                self._pings_out += 1
+                self._out.append(cc.PING)
+                self._wake.set()
+            await trio.sleep(interval)
+
     async def _reader(self) -> None:
         bytes_in = self._metrics.bytes_in.labels("nats")
         while True:
             data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
             if not data:
                 return
+            self._heard = True
             bytes_in.inc(len(data))
             self.codec.receive_data(data)
             if not self._process():
@@ -175,6 +206,7 @@ class NATSClientSession:
                 out.append(cc.PONG)
                 continue
             elif cls is ev.Pong:
+                self._pings_out = 0
                 continue
             elif cls is ev.Sub:
                 if not self._subscribe(event):  # type: ignore[arg-type]

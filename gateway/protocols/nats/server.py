@@ -22,6 +22,8 @@ class NATSServer:
     max_payload: int = 1048576  # nats-server's default max_payload
     max_pending: int = 64 * 1024 * 1024  # nats-server's max_pending: past it, a slow consumer
     max_control_line: int = 4096  # nats-server's max_control_line
+    ping_interval: float = 120.0  # nats-server's ping_interval (2 min)
+    ping_max: int = 2  # nats-server's ping_max
     user: str | None = None
     password: str | None = None
     token: str | None = None
