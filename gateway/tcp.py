@@ -71,10 +71,24 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
     """
     if fd is None:
         return await stream.receive_some(size)
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        pass
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+    else:
+        # Data was waiting: a client that keeps its socket full (a publisher in a loop)
+        # would otherwise never let this task yield, and every other connection, the
+        # subscribers it feeds included, would starve. One scheduler pass per read (up to
+        # `size` bytes, many messages) is cheap; shielded, so no read data is ever dropped.
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
     while True:
+        await trio.lowlevel.wait_readable(fd)
         try:
             return os.read(fd, size)
         except BlockingIOError:
-            await trio.lowlevel.wait_readable(fd)
+            continue
         except OSError as exc:
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
