@@ -95,6 +95,7 @@ class NATSClientSession:
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
         self._origin = f"nats {remote}"
+        self._dirty = False  # queued in server.dirty
         self._pings_out = 0
         self._heard = False  # anything read since the last ping tick
         self._metrics = server.metrics
@@ -122,6 +123,8 @@ class NATSClientSession:
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
             server.sessions.discard(self)
+            if self._dirty:
+                server.dirty.remove(self)
             for sub in list(self.subs.values()):
                 self.drop(sub)
             m.connections.labels("nats").dec()
@@ -183,6 +186,14 @@ class NATSClientSession:
             if not self._process():
                 await self._flush()
                 return
+            dirty = self.server.dirty
+            if dirty:
+                for session in dirty:
+                    if session is not self:
+                        session.write_now()
+                    else:
+                        self._dirty = False
+                dirty.clear()
             if not self._sending:
                 await self._flush()
             else:
@@ -321,7 +332,32 @@ class NATSClientSession:
             log.info("nats client %s is a slow consumer: closing", self.remote)
             self._cancel.cancel()
             return
+        if not self._dirty:
+            self._dirty = True
+            self.server.dirty.append(self)
         self._wake.set()
+
+    def write_now(self) -> None:
+        """Write what is queued, without waiting for the writer task: called at the end of
+        a NATS client's batch for every session it delivered to, so a request reaches its
+        responder (and the reply its requester) in the publisher's turn, one write each.
+        Whatever the socket does not take is left to the writer task."""
+        self._dirty = False
+        if self._sending or not self._out or self._fd is None:
+            return
+        data = b"".join(self._out)
+        self._out = []
+        self._pending = 0
+        self._bytes_out.inc(len(data))
+        try:
+            sent = try_write(self._fd, data)
+        except trio.BrokenResourceError:
+            self._cancel.cancel()
+            return
+        if sent < len(data):
+            rest = data[sent:]
+            self._out.append(rest)
+            self._pending = len(rest)
 
     # -- output ---------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ class NATSServer:
     server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])
     server_name: str = "gateway"
     sessions: set[NATSClientSession] = field(default_factory=set)
+    # sessions with output queued during the current client batch (see write_now)
+    dirty: list[NATSClientSession] = field(default_factory=list)
     next_client_id: int = 0
 
     @property
