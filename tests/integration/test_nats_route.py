@@ -415,6 +415,9 @@ async def test_three_server_mesh(version: str, direction: str, tmp_path: Path) -
             nats_server(version, "b", tmp_path, routes=[a.cluster_url]) as b,
         ):
             await run_mesh(a, b, gw, bodies, path)
+            # B joined after the gateway: A told the gateway about B (gossip INFO), and the
+            # gateway dialed B, as a nats-server does
+            assert gw.cluster.routes[await server_id(b)].solicited
     else:
         async with (
             nats_server(version, "a", tmp_path) as a,
