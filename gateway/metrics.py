@@ -6,12 +6,15 @@ collectors are not registered in prometheus_client's global default registry).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.before_scrape: list[Callable[[], None]] = []
         self.connections = Gauge(
             "gateway_open_connections",
             "Open client connections",
@@ -36,6 +39,18 @@ class Metrics:
         self.bytes_out = Counter(
             "gateway_bytes_sent_total", "Bytes written", ["protocol"], registry=self.registry
         )
+
+    def refresh(self) -> None:
+        """Bring counters that sessions batch (to keep them off their hot paths) up to
+        date: called before every scrape."""
+        for hook in self.before_scrape:
+            hook()
+
+    def watch_broker(self, broker: object, max_series: int) -> None:
+        """Export the broker's queues (counted by the broker itself, read at scrape time)."""
+        from gateway.metrics_broker import BrokerCollector
+
+        self.registry.register(BrokerCollector(broker, max_series))  # type: ignore[arg-type]
 
     def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
         """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...)."""

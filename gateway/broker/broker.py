@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from gateway.broker.group import Group
+from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message
@@ -37,6 +38,10 @@ class Broker:
         # Told when a topic gets its first group (True) or loses its last (False): a NATS
         # cluster route announces interest in exactly the topics that keep messages.
         self.on_groups: Callable[[str, bool], None] | None = None
+        # for metrics: messages published per protocol (topic or not), and the
+        # publish -> acknowledgement latency per consumer protocol
+        self.published_by: dict[str, int] = {}
+        self.ack_latency: dict[str, Histogram] = {}
 
     # -- life cycle ------------------------------------------------------------
 
@@ -76,6 +81,12 @@ class Broker:
             with trio.move_on_at(wake_at):
                 await self._timer_changed.wait()
             self._timer_changed = trio.Event()
+
+    def ack_latency_for(self, protocol: str) -> Histogram:
+        histogram = self.ack_latency.get(protocol)
+        if histogram is None:
+            histogram = self.ack_latency[protocol] = Histogram()
+        return histogram
 
     def schedule(self, group: Group, when: float) -> None:
         """Ask for `group.on_timer` at `when` (only ever moves a group's wake-up earlier)."""
@@ -158,6 +169,9 @@ class Broker:
         first = self.last_id + 1
         self.last_id += len(bodies)
         self.published_count += len(bodies)
+        protocol = origin.split(" ", 1)[0] or "other"
+        by = self.published_by
+        by[protocol] = by.get(protocol, 0) + len(bodies)
         # positional arguments: this runs once per message on the publish hot path
         msgs = [
             Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to, origin)
@@ -170,6 +184,8 @@ class Broker:
             for m in msgs:
                 m.header_block = header_block
         if t is not None:
+            by = t.published_by
+            by[protocol] = by.get(protocol, 0) + len(bodies)
             t.put(msgs)
         if self.taps:
             self.taps.deliver(msgs, publisher, routed)

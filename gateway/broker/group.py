@@ -8,6 +8,7 @@ sink, which only queues bytes and wakes its connection's writer.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from enum import IntEnum
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
 from gateway.broker.ready import ReadyQueue
+from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
 from gateway.model import Message
 
 if TYPE_CHECKING:
@@ -41,11 +44,25 @@ class Sink(Protocol):
 class Consumer:
     """A member of a group. `ready` is a window: deliveries flow while in_flight < ready."""
 
-    __slots__ = ("attached", "group", "in_flight", "ready", "sink", "timeout", "waiting")
+    __slots__ = (
+        "attached",
+        "counts",
+        "group",
+        "in_flight",
+        "latency",
+        "ready",
+        "sink",
+        "timeout",
+        "waiting",
+    )
 
     def __init__(self, group: Group, sink: Sink, timeout: float) -> None:
         self.group = group
         self.sink = sink
+        protocol = getattr(sink, "protocol", "other")
+        # this consumer's protocol's counters in the group, and its ack-latency histogram
+        self.counts = group.counts_for(protocol)
+        self.latency = group.topic.broker.ack_latency_for(protocol)
         self.timeout = (
             timeout  # seconds a delivery may stay in flight (unless the message has a ttr)
         )
@@ -99,6 +116,7 @@ class Group:
         self.timeout_count = 0
         self.bury_count = 0
         self.kick_count = 0
+        self.by_protocol: dict[str, list[int]] = {}  # consumer protocol -> stats.COUNTS
 
     # -- putting messages in -------------------------------------------------
 
@@ -125,6 +143,12 @@ class Group:
             self.topic.broker.schedule(self, msg.deliver_at)
 
     # -- consumers -------------------------------------------------------------
+
+    def counts_for(self, protocol: str) -> list[int]:
+        counts = self.by_protocol.get(protocol)
+        if counts is None:
+            counts = self.by_protocol[protocol] = stats.new_counts()
+        return counts
 
     def attach(self, sink: Sink, timeout: float) -> Consumer:
         consumer = Consumer(self, sink, timeout)
@@ -194,6 +218,7 @@ class Group:
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
         self.delivered_count += 1
+        c.counts[DELIVERED] += 1
         if not c.sink.deliver(msg, c):
             self._finish(entry)
 
@@ -258,6 +283,8 @@ class Group:
             self.in_flight[msg_id] = entry
             return Outcome.NOT_OWNER
         self.finish_count += 1
+        c.counts[ACKNOWLEDGED] += 1
+        c.latency.observe_ns(time.time_ns() - entry.message.timestamp)
         if self._store is not None:
             self._store.remove(self.topic.name, self.name, (msg_id,))
         self._deadlines.trim(self.in_flight)
@@ -277,6 +304,7 @@ class Group:
         msg = entry.message
         del self.in_flight[msg.id]
         self.finish_count += 1
+        entry.consumer.counts[ACKNOWLEDGED] += 1
         if self._store is not None:
             self._store.remove(self.topic.name, self.name, (msg.id,))
         self._release_slot(entry.consumer)
@@ -307,6 +335,7 @@ class Group:
         msg = entry.message
         del self.in_flight[msg.id]
         self.requeue_count += 1
+        entry.consumer.counts[REQUEUED] += 1
         stats = msg.job_stats()
         stats.releases += 1
         stats.delay = int(delay)
@@ -339,6 +368,7 @@ class Group:
         del self.in_flight[msg_id]
         if priority is not None:
             entry.message.priority = priority
+        entry.consumer.counts[BURIED] += 1
         self._bury(entry.message)
         self._release_slot(entry.consumer)
         self._dispatch()
@@ -505,6 +535,7 @@ class Group:
             del in_flight[msg.id]
             self.timeout_count += 1
             self.topic.broker.timeout_count += 1
+            entry.consumer.counts[TIMED_OUT] += 1
             msg.job_stats().timeouts += 1
             self._return(msg, 0.0, now)
             c = entry.consumer

@@ -24,6 +24,7 @@ class Topic:
         self.backlog: list[Message] = []
         self.message_count = 0
         self.message_bytes = 0
+        self.published_by: dict[str, int] = {}  # publisher protocol -> messages
         self._store = None if ephemeral else broker.store
 
     def put(self, messages: list[Message]) -> None:

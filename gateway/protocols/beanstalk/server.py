@@ -48,6 +48,11 @@ class BeanstalkServer:
     # pheanstalk read it as a string
     instance_id: str = field(default_factory=lambda: "a" + secrets.token_hex(8)[1:])
 
+    def report_bytes(self) -> None:
+        """Sessions count their bytes in batches; a scrape wants them now."""
+        for session in self.sessions:
+            session._report_bytes()
+
     def start(self) -> None:
         """beanstalkd always has the `default` tube, with its workers' group: made once the
         store is open, and only when the beanstalkd listener runs (a group is interest a

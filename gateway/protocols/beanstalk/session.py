@@ -34,6 +34,8 @@ _METRIC_STEP = 65536
 
 
 class BeanstalkSession:
+    protocol = "beanstalk"  # the metrics label of this consumer's deliveries
+
     def __init__(self, server: BeanstalkServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
         self.stream = stream

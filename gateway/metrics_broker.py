@@ -1,0 +1,116 @@
+"""The broker's queues as Prometheus metrics, read at scrape time.
+
+The broker counts in plain integers (gateway/broker/stats.py); this collector turns them
+into metric families when /metrics is scraped, so publishing and acknowledging never touch
+prometheus_client. Label cardinality is bounded: past `max_series` (topic, group) pairs,
+sorted by name, the rest are summed under topic and group `_other`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gateway.broker import Broker
+from gateway.broker.stats import COUNTS
+
+OVERFLOW = "_other"  # the label value that stands for every series past the cap
+_NS = 1e-9
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: Broker, max_series: int = 1000) -> None:
+        self.broker = broker
+        self.max_series = max_series
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        cap = self.max_series
+        published = CounterMetricFamily(
+            "gateway_messages_published",
+            "Messages published, by publisher protocol and topic (_none: no topic kept them)",
+            labels=["protocol", "topic"],
+        )
+        counted: dict[str, int] = defaultdict(int)
+        pub: dict[tuple[str, str], int] = defaultdict(int)
+        names = sorted(broker.topics)
+        kept = set(names[:cap])
+        for name in names:
+            label = name if name in kept else OVERFLOW
+            for protocol, n in broker.topics[name].published_by.items():
+                pub[(protocol, label)] += n
+                counted[protocol] += n
+        for protocol, total in broker.published_by.items():
+            if total > counted[protocol]:
+                # published to subjects no topic keeps (NATS traffic), or deleted topics
+                pub[(protocol, "_none")] += total - counted[protocol]
+        for (protocol, topic), n in sorted(pub.items()):
+            published.add_metric([protocol, topic], n)
+        yield published
+
+        counters = {
+            name: CounterMetricFamily(
+                f"gateway_messages_{name}",
+                f"Messages {name.replace('_', ' ')}, by consumer protocol, topic and group",
+                labels=["protocol", "topic", "group"],
+            )
+            for name in COUNTS
+        }
+        gauges = {
+            name: GaugeMetricFamily(f"gateway_queue_{name}", text, labels=["topic", "group"])
+            for name, text in (
+                ("depth", 'Ready messages (a topic\'s backlog: group "")'),
+                ("in_flight", "Messages delivered and not yet acknowledged"),
+                ("deferred", "Messages waiting for their delay or retry time"),
+                ("buried", "Messages buried (dead letters), kept and kickable"),
+                ("consumers", "Consumers attached"),
+            )
+        }
+        sums: dict[tuple[str, str, str], list[int]] = {}
+        levels: dict[tuple[str, str], list[int]] = {}
+        series = 0
+        for name in names:
+            topic = broker.topics[name]
+            if topic.backlog:
+                key = (name, "") if series < cap else (OVERFLOW, OVERFLOW)
+                series += key[0] != OVERFLOW
+                levels.setdefault(key, [0, 0, 0, 0, 0])[0] += len(topic.backlog)
+            for gname in sorted(topic.groups):
+                group = topic.groups[gname]
+                key = (name, gname) if series < cap else (OVERFLOW, OVERFLOW)
+                series += key[0] != OVERFLOW
+                level = levels.setdefault(key, [0, 0, 0, 0, 0])
+                level[0] += len(group.ready)
+                level[1] += len(group.in_flight)
+                level[2] += len(group.deferred)
+                level[3] += len(group.buried)
+                level[4] += len(group.consumers)
+                for protocol, counts in group.by_protocol.items():
+                    total = sums.setdefault((protocol, *key), [0] * len(COUNTS))
+                    for i, n in enumerate(counts):
+                        total[i] += n
+        for (protocol, topic_label, group_label), counts in sorted(sums.items()):
+            for name, n in zip(COUNTS, counts, strict=True):
+                counters[name].add_metric([protocol, topic_label, group_label], n)
+        for (topic_label, group_label), values in sorted(levels.items()):
+            for family, value in zip(gauges.values(), values, strict=True):
+                family.add_metric([topic_label, group_label], value)
+        yield from counters.values()
+        yield from gauges.values()
+
+        latency = HistogramMetricFamily(
+            "gateway_publish_to_ack_seconds",
+            "Time from publish to acknowledgement (FIN, delete), by consumer protocol",
+            labels=["protocol"],
+        )
+        for protocol, histogram in sorted(broker.ack_latency.items()):
+            latency.add_metric([protocol], histogram.cumulative(), sum_value=histogram.sum_ns * _NS)
+        yield latency
