@@ -10,8 +10,9 @@ put rate and reserve+delete rate (sums of the per-process rates) and the end-to-
 Both servers run in this run, with the same CPU placement (``--pin``, as in
 peers/bench/run_anchors.sh: ``same`` = server and clients on one CPU, ``split`` = server on one
 CPU, clients on another, ``none`` = the scheduler decides). The script starts the gateway
-(``python -m gateway serve --beanstalk 127.0.0.1:0 --nsq off --nats off --store memory://``) and
-``/usr/bin/beanstalkd -l 127.0.0.1 -p <free port>`` itself, pinned, and stops both (by pid).
+(``python -m gateway serve --beanstalk 127.0.0.1:0 --nsq off --http off --nats off
+--store memory://``) and ``/usr/bin/beanstalkd -l 127.0.0.1 -p <free port>`` itself, pinned,
+and stops both (by pid).
 Each workload is bounded by ``--timeout`` seconds. Everything stays on 127.0.0.1.
 
     .venv/bin/python bench/beanstalk.py                       # procs 1 and 4, pin same and split
@@ -213,6 +214,8 @@ def main() -> int:
                 "--beanstalk",
                 "127.0.0.1:0",
                 "--nsq",
+                "off",
+                "--http",
                 "off",
                 "--nats",
                 "off",

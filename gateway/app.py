@@ -12,6 +12,7 @@ import trio
 
 from gateway.broker import Broker
 from gateway.config import Settings, parse_address
+from gateway.http import serve as serve_http
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk.server import BeanstalkServer
 from gateway.protocols.beanstalk.session import BeanstalkSession
@@ -52,6 +53,19 @@ class Gateway:
     metrics: Metrics = field(default_factory=Metrics)
     ssl_context: ssl.SSLContext | None = None
     addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # life cycle, for the readiness probes: set once every listener is bound, and when
+    # the gateway starts to stop
+    serving: bool = False
+    stopping: bool = False
+
+    @property
+    def state(self) -> str:
+        """starting, serving, draining (beanstalkd drain mode) or stopping."""
+        if self.stopping:
+            return "stopping"
+        if not self.serving:
+            return "starting"
+        return "draining" if self.beanstalk.draining else "serving"
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -60,6 +74,7 @@ class Gateway:
         if self.ssl_context is None and s.tls_cert and s.tls_key:
             self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
         self.broker = Broker(self.store, max_attempts=s.broker.max_attempts)
+        self.metrics.watch_broker(self.broker, s.metrics.max_series)
         self.nsq = self._nsq_server()
         self.beanstalk = BeanstalkServer(
             self.broker,
@@ -68,6 +83,7 @@ class Gateway:
             max_job_size=s.beanstalkd.max_job_size,
             default_ttr=s.beanstalkd.default_ttr,
         )
+        self.metrics.before_scrape.append(self.beanstalk.report_bytes)
         n = s.nats_server
         self.nats = NATSServer(
             self.broker,
@@ -196,8 +212,12 @@ class Gateway:
                 ):
                     address = self.settings.address(setting)
                     if address is not None:
-                        bound = await nursery.start(serve_tcp, protocol, handle, *address)
-                        self._announce(protocol, bound)
+                        listeners = await nursery.start(serve_tcp, protocol, handle, *address)
+                        self._announce(protocol, [_bound_address(lst) for lst in listeners])
+                # after the others: /info and /lookup report their ports
+                address = self.settings.address("http")
+                if address is not None:
+                    self._announce("http", await nursery.start(serve_http, self, *address))
                 if clustered:
                     self.cluster.listen_address = self.addresses.get("nats-route")
                     await nursery.start(self.cluster.run)
@@ -205,8 +225,10 @@ class Gateway:
                     f"{name}={format_address(*addr)}" for name, addr in self.addresses.items()
                 )
                 log.info("ready: %s", listening or "no listener")
+                self.serving = True
                 task_status.started(self)
         finally:
+            self.stopping = True
             with trio.CancelScope(shield=True):
                 await self.broker.close()
 
@@ -219,11 +241,9 @@ class Gateway:
     async def _nats_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await NATSClientSession(self.nats, stream, remote).run()
 
-    def _announce(self, protocol: str, listeners: list[trio.SocketListener]) -> None:
-        host, port = _bound_address(listeners[0])
-        self.addresses[protocol] = (host, port)
-        for lst in listeners:
-            h, p = _bound_address(lst)
+    def _announce(self, protocol: str, bound: list[tuple[str, int]]) -> None:
+        self.addresses[protocol] = bound[0]
+        for h, p in bound:
             # The contract scripts and tests rely on: one line per bound listener.
             print(
                 f"listening protocol={protocol} address={format_address(h, p)}",

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 OFF = "off"
 # Listeners that this build does not have yet: their setting exists so scripts can say
-# `--http off`, and anything but "off" is refused rather than silently ignored.
-NOT_YET_BUILT = ("http", "rocketmq")
+# `--rocketmq off`, and anything but "off" is refused rather than silently ignored.
+NOT_YET_BUILT = ("rocketmq",)
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -82,6 +82,10 @@ class NSQDSettings(_Section):
     max_line_length: int = Field(16384, ge=64)
     max_output_bytes: int = Field(4 * 1024 * 1024, ge=65536)
     hostname: str = "localhost"
+    # The address NSQ clients are told to dial (HTTP /info, and the producer the nsqlookupd
+    # endpoints list). nsqd's default is the hostname; unset here, it is the NSQ listener's
+    # host when that is a specific address (a sidecar on 127.0.0.1), else the hostname.
+    broadcast_address: str | None = None
 
 
 class BeanstalkSettings(_Section):
@@ -148,6 +152,11 @@ class NATSRoutingSettings(_Section):
         return value
 
 
+class MetricsSettings(_Section):
+    # (topic, group) series exported at most; the rest are summed under "_other"
+    max_series: int = Field(1000, ge=1)
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -158,7 +167,7 @@ class Settings(_Section):
     store: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nsq: str = "127.0.0.1:4150"
-    http: str = OFF
+    http: str = "127.0.0.1:4151"
     beanstalk: str = "127.0.0.1:11300"
     nats: str = "127.0.0.1:4222"
     nats_route: str = "127.0.0.1:6222"
@@ -172,8 +181,9 @@ class Settings(_Section):
     nats_server: NATSServerSettings = Field(default_factory=NATSServerSettings)
     nats_routing: NATSRoutingSettings = Field(default_factory=NATSRoutingSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
-    @field_validator("nsq", "beanstalk", "nats", "nats_route")
+    @field_validator("nsq", "http", "beanstalk", "nats", "nats_route")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
@@ -216,6 +226,7 @@ _SECTIONS = {
     "nats_server": NATSServerSettings,
     "nats_routing": NATSRoutingSettings,
     "broker": BrokerSettings,
+    "metrics": MetricsSettings,
 }
 
 

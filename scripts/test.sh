@@ -17,6 +17,9 @@ log() { printf '== %s\n' "$*" >&2; }
 need_apt=()
 command -v beanstalkd >/dev/null 2>&1 || need_apt+=(beanstalkd)
 [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
+# chromium renders the admin page in the browser test (driven by Playwright, which is
+# told to use this binary instead of downloading its own)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -23,6 +23,7 @@ def be32(n: int) -> bytes:
 def settings(**overrides: Any) -> config.Settings:
     flags: dict[str, Any] = {
         "nsq": "127.0.0.1:0",
+        "http": "off",
         "beanstalk": "off",
         "nats": "off",
         "nats_route": "off",
@@ -46,6 +47,12 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         await nursery.start(gateway.serve)
         yield gateway
         nursery.cancel_scope.cancel()
+
+
+def http_base(gateway: Gateway) -> str:
+    """The URL of the gateway's HTTP listener (started with http="127.0.0.1:0")."""
+    host, port = gateway.addresses["http"]
+    return f"http://{host}:{port}"
 
 
 class RawNSQ:

@@ -35,12 +35,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pub", type=int, default=0, help="publish the first N bodies with PUB")
     p.add_argument("--batch", type=int, default=100, help="MPUB batch size for the rest")
     p.add_argument("--defer", type=int, default=0, help="publish the PUB bodies with DPUB (ms)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="gnsq: publish over nsqd's HTTP API at this port (/pub, binary /mpub)",
+    )
     # consumer
     p.add_argument("--count", type=int, default=0)
     p.add_argument("--max-in-flight", type=int, default=1)
     p.add_argument("--req-first", action="store_true", help="REQ 0 every first attempt")
     p.add_argument("--no-fin", action="store_true")
     p.add_argument("--msg-timeout", type=int, default=0, help="IDENTIFY msg_timeout (ms)")
+    p.add_argument(
+        "--lookupd-port",
+        type=int,
+        default=0,
+        help="pynsq, gnsq: find nsqd only through nsqlookupd's /lookup at this HTTP port",
+    )
     # transport
     p.add_argument("--snappy", action="store_true")
     p.add_argument("--deflate", action="store_true")

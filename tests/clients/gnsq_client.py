@@ -36,7 +36,30 @@ def conn_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def publish_http(args: argparse.Namespace) -> int:
+    """gnsq.NsqdHTTPClient: each PUB body with /pub, each batch with /mpub?binary=true
+    (the bodies hold newlines, which text mode cannot carry)."""
+    result = common.PubResult()
+    singles, batches = common.split_batches(args)
+    client = gnsq.NsqdHTTPClient(args.host, args.http_port, timeout=args.timeout)
+    result.commands = len(singles) + len(batches)
+    for body in singles:
+        try:
+            result.reply(client.publish(args.topic, body, defer=args.defer or None))
+        except gnsq.errors.NSQException as exc:
+            result.errors.append(repr(exc))
+    for batch in batches:
+        try:
+            result.reply(client.multipublish(args.topic, batch, binary=True))
+        except gnsq.errors.NSQException as exc:
+            result.errors.append(repr(exc))
+    result.emit()
+    return 0 if not result.errors else 1
+
+
 def publish(args: argparse.Namespace) -> int:
+    if args.http_port:
+        return publish_http(args)
     result = common.PubResult()
 
     class Producer(gnsq.Producer):
@@ -79,10 +102,17 @@ def consume(args: argparse.Namespace) -> int:
                 result.closes += 1
             super().handle_connection_failure(conn)
 
+    if args.lookupd_port:
+        # only lookupd: gnsq asks /lookup at start and parses it only as application/json
+        sources: dict[str, Any] = {
+            "lookupd_http_addresses": [f"http://{args.host}:{args.lookupd_port}"]
+        }
+    else:
+        sources = {"nsqd_tcp_addresses": [f"{args.host}:{args.port}"]}
     consumer = Consumer(
         args.topic,
         args.channel,
-        nsqd_tcp_addresses=[f"{args.host}:{args.port}"],
+        **sources,
         max_in_flight=args.max_in_flight,
         **conn_options(args),
     )

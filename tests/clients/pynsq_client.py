@@ -124,10 +124,18 @@ async def consume(args: argparse.Namespace) -> int:
         if not done.done():
             done.set_result(None)
 
+    if args.lookupd_port:
+        # only lookupd: the Reader asks /lookup at once, then connects to the producers
+        # it lists (their broadcast_address and tcp_port)
+        sources: dict[str, Any] = {
+            "lookupd_http_addresses": [f"http://{args.host}:{args.lookupd_port}"]
+        }
+    else:
+        sources = {"nsqd_tcp_addresses": [f"{args.host}:{args.port}"]}
     reader = Reader(
         topic=args.topic,
         channel=args.channel,
-        nsqd_tcp_addresses=[f"{args.host}:{args.port}"],
+        **sources,
         max_in_flight=args.max_in_flight,
         message_handler=handle,
         **conn_options(args),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import trio
 
 from tests.helpers import be32
@@ -50,6 +51,8 @@ async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> Non
     proc, line = await _start(
         "--nsq",
         "127.0.0.1:0",
+        "--http",
+        "off",
         "--beanstalk",
         "off",
         "--nats",
@@ -84,6 +87,7 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
         env={
             "GATEWAY_NSQD__MAX_MSG_SIZE": "3",
             "GATEWAY_BEANSTALK": "off",
+            "GATEWAY_HTTP": "off",
             "GATEWAY_NATS": "off",
             "GATEWAY_NATS_ROUTE": "off",
         },
@@ -103,6 +107,8 @@ async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
 async def test_off_disables_a_listener() -> None:
     proc, line = await _start(
         "--nsq",
+        "off",
+        "--http",
         "off",
         "--beanstalk",
         "off",
@@ -124,6 +130,8 @@ async def test_every_listener_reports_its_port() -> None:
     proc, line = await _start(
         "--nsq",
         "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
         "--beanstalk",
         "127.0.0.1:0",
         "--nats",
@@ -135,7 +143,7 @@ async def test_every_listener_reports_its_port() -> None:
         marker=b"ready:",
     )
     try:
-        for name in ("nsq", "beanstalk", "nats", "nats-route"):
+        for name in ("nsq", "http", "beanstalk", "nats", "nats-route"):
             assert f"{name}=127.0.0.1:" in line, line
         port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -148,6 +156,10 @@ async def test_every_listener_reports_its_port() -> None:
         with trio.fail_after(5):
             assert (await stream.receive_some(4096)).startswith(b"INFO {")
         await stream.aclose()
+        port = int(line.split("http=127.0.0.1:")[1].split(",")[0])
+        async with httpx.AsyncClient() as client:
+            reply = await client.get(f"http://127.0.0.1:{port}/ping")
+        assert (reply.status_code, reply.text) == (200, "OK")
     finally:
         assert await _stop(proc) == 0
 
@@ -156,6 +168,8 @@ async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
     proc, line = await _start(
         "--nsq",
         "off",
+        "--http",
+        "127.0.0.1:0",
         "--beanstalk",
         "127.0.0.1:0",
         "--nats",
@@ -164,9 +178,13 @@ async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
         "off",
         "--store",
         "memory://",
+        marker=b"ready:",
     )
     try:
-        port = int(line.rsplit(":", 1)[1])
+        ready = f"http://127.0.0.1:{line.split('http=127.0.0.1:')[1].split(',')[0]}/ready"
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(ready)).status_code == 200
+        port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"put 0 0 10 1\r\nx\r\n")
         with trio.fail_after(5):
@@ -180,6 +198,11 @@ async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
                     break
                 assert reply.startswith(b"INSERTED")
         await stream.aclose()
+        # a draining sidecar is alive but takes no new work
+        async with httpx.AsyncClient() as client:
+            reply = await client.get(ready)
+            assert (reply.status_code, reply.text) == (503, "NOT READY - draining")
+            assert (await client.get(ready.replace("/ready", "/health"))).status_code == 200
     finally:
         assert await _stop(proc) == 0
 

@@ -70,6 +70,8 @@ def _parse_id(raw: bytes) -> int | None:
 
 
 class NSQSession:
+    protocol = "nsq"  # the metrics label of this consumer's deliveries
+
     def __init__(self, server: NSQServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
         self.stream: trio.abc.Stream = stream
@@ -143,6 +145,11 @@ class NSQSession:
                 self.group.detach(self.consumer, requeue=False)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+
+    def close(self) -> None:
+        """End the connection from outside (nsqd closes the clients of a channel deleted
+        over HTTP). The session detaches and closes its stream as on any other end."""
+        self._cancel_scope.cancel()
 
     async def _reader(self) -> None:
         now = trio.current_time()

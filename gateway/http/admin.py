@@ -1,0 +1,199 @@
+"""The admin page at `/`: every topic and group, whichever protocol fills or drains it.
+
+The page (admin_page.html, one file with its script) polls `/admin/api/state` and draws
+the table itself, computing rates from the counters of two polls; its buttons call the
+action endpoints below. Everything here reads the broker directly: a beanstalkd tube, an
+NSQ channel and a topic fed over a NATS route look the same.
+
+  GET  /admin/api/state                           topics, groups, consumers, routes
+  GET  /admin/api/peek?topic=&group=&state=&limit=   ready or buried messages
+  POST /admin/api/{pause,unpause,empty}?topic=[&group=]
+  POST /admin/api/kick?topic=&group=[&bound=]     buried (or deferred) back to ready
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.broker.group import Group
+from gateway.broker.stats import COUNTS
+from gateway.broker.topic import Topic
+from gateway.http.gocompat import go_json
+from gateway.http.router import HTTPError, Request, Response, Router
+from gateway.model import Message
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+_JSON = "application/json; charset=utf-8"
+_PREVIEW = 200  # bytes of a body shown in a peek
+_PEEK_MAX = 100
+
+
+def _page() -> bytes:
+    return resources.files("gateway.http").joinpath("admin_page.html").read_bytes()
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(status, go_json(value), _JSON, [("cache-control", "no-store")])
+
+
+def _group_state(group: Group, now: float) -> dict[str, Any]:
+    consumers = Counter(getattr(c.sink, "protocol", "other") for c in group.consumers)
+    return {
+        "name": group.name,
+        "depth": len(group.ready),
+        "in_flight": len(group.in_flight),
+        "deferred": len(group.deferred),
+        "buried": len(group.buried),
+        "paused": group.is_paused(now),
+        "message_count": group.message_count,
+        "finish_count": group.finish_count,
+        "requeue_count": group.requeue_count,
+        "timeout_count": group.timeout_count,
+        "consumers": dict(sorted(consumers.items())),
+        "by_protocol": {
+            protocol: dict(zip(COUNTS, counts, strict=True))
+            for protocol, counts in sorted(group.by_protocol.items())
+        },
+    }
+
+
+def state(gateway: Gateway) -> dict[str, Any]:
+    broker = gateway.broker
+    now = trio.current_time()
+    topics = []
+    for name in sorted(broker.topics):
+        topic = broker.topics[name]
+        topics.append(
+            {
+                "name": name,
+                "paused": topic.paused,
+                "backlog": len(topic.backlog),
+                "message_count": topic.message_count,
+                "published": dict(sorted(topic.published_by.items())),
+                "groups": [_group_state(topic.groups[g], now) for g in sorted(topic.groups)],
+            }
+        )
+    connections = {
+        s.labels["protocol"]: int(s.value)
+        for family in gateway.metrics.connections.collect()
+        for s in family.samples
+    }
+    routes = [
+        {
+            "server_id": route.remote_id,
+            "server_name": route.remote_info.get("server_name", ""),
+            "peer": route.peer,
+            "dialed": route.solicited,
+            "interest": len(route.plain) + len(route.queues),
+        }
+        for route in gateway.cluster.routes.values()
+    ]
+    return {
+        "time": time.time(),
+        "state": gateway.state,
+        "addresses": {k: f"{h}:{p}" for k, (h, p) in gateway.addresses.items()},
+        "published": dict(sorted(broker.published_by.items())),
+        "connections": dict(sorted(connections.items())),
+        "routes": routes,
+        "topics": topics,
+    }
+
+
+def _message(msg: Message) -> dict[str, Any]:
+    body = msg.body[:_PREVIEW]
+    return {
+        "id": msg.id,
+        "attempts": msg.attempts,
+        "priority": msg.priority,
+        "age": max(0.0, time.time() - msg.timestamp / 1e9),
+        "size": len(msg.body),
+        "body": body.decode("utf-8", "replace"),
+        "truncated": len(msg.body) > _PREVIEW,
+        "headers": msg.headers or [],
+        "origin": msg.origin,
+    }
+
+
+def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
+    name = request.arg("topic")
+    if not name:
+        raise HTTPError(400, "MISSING_ARG_TOPIC")
+    topic = gateway.broker.topics.get(name)
+    if topic is None:
+        raise HTTPError(404, "TOPIC_NOT_FOUND")
+    group_name = request.arg("group")
+    if group_name is None:
+        return topic, None
+    group = topic.groups.get(group_name)
+    if group is None:
+        raise HTTPError(404, "GROUP_NOT_FOUND")
+    return topic, group
+
+
+def register(router: Router, gateway: Gateway) -> None:
+    page = _page()
+
+    async def index(request: Request) -> Response:
+        return Response(200, page, "text/html; charset=utf-8", [("cache-control", "no-store")])
+
+    async def get_state(request: Request) -> Response:
+        return _json(state(gateway))
+
+    async def peek(request: Request) -> Response:
+        _, group = _find(gateway, request)
+        if group is None:
+            raise HTTPError(400, "MISSING_ARG_GROUP")
+        which = request.arg("state") or "ready"
+        try:
+            limit = min(int(request.arg("limit") or 10), _PEEK_MAX)
+        except ValueError:
+            raise HTTPError(400, "INVALID_LIMIT") from None
+        if which == "ready":
+            msgs = heapq.nsmallest(limit, group.ready, key=lambda m: (m.priority, m.id))
+        elif which == "buried":
+            msgs = list(group.buried.values())[:limit]
+        elif which == "deferred":
+            msgs = [entry[2] for entry in heapq.nsmallest(limit, group.deferred)]
+        else:
+            raise HTTPError(400, "INVALID_STATE")
+        return _json({"state": which, "messages": [_message(m) for m in msgs]})
+
+    def action(name: str) -> Any:
+        async def handler(request: Request) -> Response:
+            topic, group = _find(gateway, request)
+            result: dict[str, Any] = {"ok": True}
+            target: Topic | Group = group if group is not None else topic
+            if name == "pause":
+                target.pause()
+            elif name == "unpause":
+                if group is not None:
+                    group.pause_for(0)  # a beanstalkd pause-tube ends too
+                target.unpause()
+            elif name == "empty":
+                target.empty()
+            elif name == "kick":
+                if group is None:
+                    raise HTTPError(400, "MISSING_ARG_GROUP")
+                try:
+                    bound = int(request.arg("bound") or 1000000)
+                except ValueError:
+                    raise HTTPError(400, "INVALID_BOUND") from None
+                result["kicked"] = group.kick(bound)
+            await gateway.broker.flush()
+            return _json(result)
+
+        return handler
+
+    router.add("/", index, "GET", "HEAD")
+    router.add("/admin/api/state", get_state, "GET")
+    router.add("/admin/api/peek", peek, "GET")
+    for name in ("pause", "unpause", "empty", "kick"):
+        router.add(f"/admin/api/{name}", action(name), "POST")

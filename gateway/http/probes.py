@@ -1,0 +1,33 @@
+"""/health and /ready for a sidecar's liveness and readiness probes.
+
+/health: 200 `OK` once the broker runs and every listener is bound (and while draining:
+a draining gateway is alive and must not be restarted). /ready: 200 `OK` only while the
+gateway takes new work; 503 while it starts, while beanstalkd drain mode (SIGUSR1) is on,
+and while it stops, so an orchestrator sends traffic elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.http.router import Request, Response, Router, text
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+def register(router: Router, gateway: Gateway) -> None:
+    async def health(request: Request) -> Response:
+        state = gateway.state
+        if state in ("serving", "draining"):
+            return text("OK")
+        return text(f"NOK - {state}", 503)
+
+    async def ready(request: Request) -> Response:
+        state = gateway.state
+        if state == "serving":
+            return text("OK")
+        return text(f"NOT READY - {state}", 503)
+
+    router.add("/health", health, "GET")
+    router.add("/ready", ready, "GET")

@@ -1,0 +1,95 @@
+"""The HTTP listener: hypercorn's Trio worker serving the gateway's ASGI router.
+
+hypercorn speaks HTTP/1.1 (h11) and HTTP/2 (h2), the latter as h2c both with prior
+knowledge and by `Upgrade: h2c`, so this module only binds, configures and reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from gateway.http import admin, lookupd, nsqd, probes, prometheus
+from gateway.http.router import Router
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+_BACKLOG = 128
+
+
+def build_router(gateway: Gateway) -> Router:
+    """Every endpoint of the listener. /ping and /info are shared by the nsqd and
+    nsqlookupd APIs; where both define a path (/topic/create, ...), nsqd's wins, since
+    this process is the nsqd that acts on it."""
+    router = Router(gateway.metrics)
+    lookupd.register(router, gateway)
+    nsqd.register(router, gateway)
+    probes.register(router, gateway)
+    prometheus.register(router, gateway)
+    admin.register(router, gateway)
+    return router
+
+
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Bound, listening sockets for every address `host` resolves to (as
+    trio.open_tcp_listeners does), so port 0 is known before hypercorn starts."""
+    infos = socket.getaddrinfo(
+        host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, object]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # port 0: the first socket picks the port, the host's other addresses share it
+            sock.bind((address[0], port, *address[2:]))
+            port = sock.getsockname()[1]
+            sock.listen(_BACKLOG)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _config(sockets: list[socket.socket]) -> Config:
+    config = Config()
+    # hypercorn adopts the descriptors (fd://): the bound ports are ours to report
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
+    config.include_server_header = False  # nsqd sends none
+    config.accesslog = None
+    # hypercorn logs "Running on ..." at INFO; the gateway prints its own listening line
+    server_log = logging.getLogger("gateway.http.server")
+    server_log.setLevel(max(logging.WARNING, logging.getLogger("gateway").getEffectiveLevel()))
+    config.errorlog = server_log
+    return config
+
+
+async def serve(
+    gateway: Gateway,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; reports the bound (host, port) of each socket."""
+    sockets = _bind(host, port)
+    bound = [sock.getsockname()[:2] for sock in sockets]
+    router = build_router(gateway)
+    config = _config(sockets)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hypercorn_serve, router, config)
+        task_status.started(bound)

@@ -1,0 +1,315 @@
+"""nsqd's /stats: every topic and group in nsqd's JSON shape (key order included) and its
+text report.
+
+Topics are the broker's topics and channels its groups, whichever protocol made them: a
+beanstalkd tube is a topic, its workers' group a channel. A group's clients are its
+consumers: NSQ connections with every field nsqd shows, other protocols' workers with the
+fields that apply (`version` names their protocol). Producers are the NSQ connections
+that have published, as in nsqd.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import trio
+
+from gateway.broker import Broker, Consumer, Group, Topic
+from gateway.http.gocompat import go_duration
+from gateway.protocols.nsq.session import NSQSession
+
+VERSION = "1.3.0"  # the nsqd version the gateway answers as (clients only log it)
+# nsqd has no end-to-end latency percentiles unless configured: this is its empty result
+_NO_E2E: dict[str, Any] = {"count": 0, "percentiles": None}
+
+
+def topic_stats(
+    broker: Broker, topic_name: str, channel_name: str, include_clients: bool
+) -> list[dict[str, Any]] | None:
+    """nsqd's GetStats: topics sorted by name, channels by name. A `topic_name` that does
+    not exist gives None (JSON null); a `channel_name` leaves out topics without it."""
+    if topic_name:
+        topic = broker.topics.get(topic_name)
+        if topic is None:
+            return None
+        topics = [topic]
+    else:
+        topics = sorted(broker.topics.values(), key=lambda t: t.name)
+    now = trio.current_time()
+    out = []
+    for topic in topics:
+        if channel_name:
+            group = topic.groups.get(channel_name)
+            if group is None:
+                continue
+            groups = [group]
+        else:
+            groups = sorted(topic.groups.values(), key=lambda g: g.name)
+        channels = [_channel(g, topic_name, include_clients, now) for g in groups]
+        out.append(_topic(topic, channels))
+    return out
+
+
+def _topic(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "topic_name": topic.name,
+        "channels": channels,
+        "depth": topic.depth,
+        "backend_depth": 0,  # the memory store has no second tier
+        "message_count": topic.message_count,
+        "message_bytes": topic.message_bytes,
+        "paused": topic.paused,
+        "e2e_processing_latency": _NO_E2E,
+    }
+
+
+def _channel(group: Group, topic_filter: str, include_clients: bool, now: float) -> dict[str, Any]:
+    clients = [client_stats(c, topic_filter) for c in group.consumers] if include_clients else None
+    return {
+        "channel_name": group.name,
+        "depth": group.depth,
+        "backend_depth": 0,
+        "in_flight_count": len(group.in_flight),
+        "deferred_count": len(group.deferred),
+        "message_count": group.message_count,
+        "requeue_count": group.requeue_count,
+        "timeout_count": group.timeout_count,
+        "client_count": len(group.consumers),
+        "clients": clients,
+        "paused": group.is_paused(now),
+        "e2e_processing_latency": _NO_E2E,
+    }
+
+
+def client_stats(consumer: Consumer, topic_filter: str = "") -> dict[str, Any]:
+    sink = consumer.sink
+    if isinstance(sink, NSQSession):
+        return nsq_client_stats(sink, topic_filter)
+    # another protocol's worker (beanstalkd): the same shape, with what it has
+    remote = str(getattr(sink, "remote", ""))
+    protocol = str(getattr(sink, "protocol", "unknown"))
+    return {
+        "client_id": remote.rsplit(":", 1)[0].strip("[]"),
+        "hostname": "",
+        "version": protocol,
+        "remote_address": remote,
+        "state": 3,  # subscribed
+        "ready_count": consumer.ready,
+        "in_flight_count": consumer.in_flight,
+        "message_count": 0,
+        "finish_count": 0,
+        "requeue_count": 0,
+        "connect_ts": 0,
+        "sample_rate": 0,
+        "deflate": False,
+        "snappy": False,
+        "user_agent": protocol,
+        **_tls(None),
+    }
+
+
+def nsq_client_stats(session: NSQSession, topic_filter: str = "") -> dict[str, Any]:
+    """clientV2.Stats: ClientV2Stats's fields in their order; the omitempty ones only when
+    set."""
+    consumer = session.consumer
+    out: dict[str, Any] = {
+        "client_id": session.client_id,
+        "hostname": session.hostname,
+        "version": "V2",
+        "remote_address": session.remote,
+        "state": session.state,
+        "ready_count": consumer.ready if consumer is not None else 0,
+        "in_flight_count": consumer.in_flight if consumer is not None else 0,
+        "message_count": session.message_count,
+        "finish_count": session.finish_count,
+        "requeue_count": session.requeue_count,
+        "connect_ts": session.connect_ts,
+        "sample_rate": session.sample_rate,
+        "deflate": session.deflate,
+        "snappy": session.snappy,
+        "user_agent": session.user_agent,
+    }
+    auth = session.auth_state
+    if auth is not None and auth.authorizations:
+        out["authed"] = True
+        if auth.identity:
+            out["auth_identity"] = auth.identity
+        if auth.identity_url:
+            out["auth_identity_url"] = auth.identity_url
+    for topic, count in session.pub_counts.items():
+        if topic_filter and topic != topic_filter:
+            continue
+        # nsqd 1.3.0 breaks out of this loop after the first topic: one entry at most
+        out["pub_counts"] = [{"topic": topic, "count": count}]
+        break
+    out.update(_tls(session.stream if session.tls else None))
+    return out
+
+
+def _tls(stream: object) -> dict[str, Any]:
+    if not isinstance(stream, trio.SSLStream):
+        return {
+            "tls": False,
+            "tls_cipher_suite": "",
+            "tls_version": "",
+            "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False,
+        }
+    cipher = stream.cipher()
+    version = stream.version() or ""
+    return {
+        "tls": True,
+        "tls_cipher_suite": cipher[0] if cipher else "",
+        "tls_version": version.replace("TLSv", "TLS"),  # Go writes TLS1.2, OpenSSL TLSv1.2
+        "tls_negotiated_protocol": stream.selected_alpn_protocol() or "",
+        "tls_negotiated_protocol_is_mutual": True,
+    }
+
+
+def producers(sessions: Iterable[NSQSession], topic_filter: str) -> list[dict[str, Any]] | None:
+    """NSQ connections that have published at least once; None (JSON null) when none."""
+    publishing = sorted(
+        (s for s in sessions if s.pub_counts), key=lambda s: (s.connect_ts, s.remote)
+    )
+    return [nsq_client_stats(s, topic_filter) for s in publishing] or None
+
+
+# -- memory: nsqd's Go runtime figures, with Python's nearest equivalents ----------------------
+
+
+class _GCPauses:
+    """The last 256 collection pauses (Go's MemStats.PauseNs keeps 256), timed by a
+    gc callback: one entry per collection, nothing per message."""
+
+    def __init__(self) -> None:
+        self.pauses: deque[int] = deque(maxlen=256)
+        self._started = 0
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed:
+            gc.callbacks.append(self._on_gc)
+            self.installed = True
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        elif self._started:
+            self.pauses.append(time.perf_counter_ns() - self._started)
+
+
+GC_PAUSES = _GCPauses()
+
+
+def _percentile(perc: float, ordered: list[int]) -> int:
+    """nsqd's percentile(): nearest rank, rounding half up."""
+    if not ordered:
+        return 0
+    index = min(int(perc / 100.0 * len(ordered) + 0.5), len(ordered) - 1)
+    return ordered[index]
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_stats() -> dict[str, int]:
+    """nsqd's memStats keys. heap_objects: blocks the allocator holds; heap_in_use_bytes:
+    resident memory; GC pauses from the collector callback. Python has no idle, released
+    or next-GC byte figures: those are 0."""
+    pauses = sorted(GC_PAUSES.pauses)
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _resident_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(100.0, pauses) // 1000,
+        "gc_pause_usec_99": _percentile(99.0, pauses) // 1000,
+        "gc_pause_usec_95": _percentile(95.0, pauses) // 1000,
+        "next_gc_bytes": 0,
+        "gc_total_runs": sum(s["collections"] for s in gc.get_stats()),
+    }
+
+
+# -- the text format -----------------------------------------------------------------------------
+
+
+def text_report(
+    topics: list[dict[str, Any]] | None,
+    producer_list: list[dict[str, Any]] | None,
+    memory: dict[str, int] | None,
+    start_time: float,
+    health: str,
+) -> str:
+    """nsqd's printStats, line for line (no client parses it; people read it)."""
+    from gateway import __version__
+
+    started = datetime.fromtimestamp(int(start_time)).astimezone()
+    uptime = go_duration(int((time.time() - start_time) * 1e9))
+    lines = [
+        f"nsqd v{VERSION} (built w/mq-gateway {__version__})",
+        f"start_time {started.isoformat().replace('+00:00', 'Z')}",  # Go's RFC3339
+        f"uptime {uptime}",
+        "",
+        f"Health: {health}",
+    ]
+    if memory is not None:
+        lines += ["", "Memory:"]
+        lines += [f"   {key:<25}\t{value}" for key, value in memory.items()]
+    out = "\n".join(lines) + "\n"
+    out += "\nTopics:" if topics else "\nTopics: None\n"
+    for t in topics or ():
+        mark = "*P " if t["paused"] else "   "
+        out += (
+            f"\n{mark}[{t['topic_name']:<15}] depth: {t['depth']:<5} be-depth: "
+            f"{t['backend_depth']:<5} msgs: {t['message_count']:<8} e2e%: \n"
+        )
+        for c in t["channels"]:
+            mark = "   *P " if c["paused"] else "      "
+            out += (
+                f"{mark}[{c['channel_name']:<25}] depth: {c['depth']:<5} be-depth: "
+                f"{c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} def: "
+                f"{c['deferred_count']:<4} re-q: {c['requeue_count']:<5} timeout: "
+                f"{c['timeout_count']:<5} msgs: {c['message_count']:<8} e2e%: \n"
+            )
+            for client in c["clients"] or ():
+                out += f"        {_client_line(client)}\n"
+    if not producer_list:
+        out += "\nProducers: None\n"
+    else:
+        out += "\nProducers:\n"
+        out += "".join(f"   {_client_line(p)}\n" for p in producer_list)
+    return out
+
+
+def _client_line(client: dict[str, Any]) -> str:
+    """ClientV2Stats.String."""
+    port = client["remote_address"].rsplit(":", 1)[-1]
+    ident = f"{client['hostname']}:{port} {client['user_agent']}"
+    connected = go_duration(max(0, int(time.time()) - client["connect_ts"]) * 10**9)
+    pub_counts = client.get("pub_counts")
+    if pub_counts:
+        total = sum(p["count"] for p in pub_counts)
+        topics = ",".join(f"{p['topic']}={p['count']}" for p in pub_counts)
+        return (
+            f"[{client['version']} {ident:<21}] msgs: {total:<8} topics: {topics} "
+            f"connected: {connected}"
+        )
+    return (
+        f"[{client['version']} {ident:<21}] state: {client['state']} inflt: "
+        f"{client['in_flight_count']:<4} rdy: {client['ready_count']:<4} fin: "
+        f"{client['finish_count']:<8} re-q: {client['requeue_count']:<8} msgs: "
+        f"{client['message_count']:<8} connected: {connected}"
+    )
