@@ -83,6 +83,7 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
             "depth": 6, "in_flight": 0, "deferred": 0, "buried": 0, "message_count": 6
         }  # fmt: skip
         assert "nsq 1" in result["consumers"]
+        assert result["pub_status"] == 200 and result["live_depth"] == 7  # refreshed live
         # the click went through to the broker
         assert result["paused_shown"] and group.paused
         assert any("order #0" in p for p in result["peek"])

@@ -3,7 +3,8 @@
     admin_page.py --url http://127.0.0.1:PORT/ --topic T --group G --screenshot FILE
 
 Loads the page, waits for the row of group G of topic T, records what the page shows
-(every topic and group row, that row's cells, the NATS routes), clicks the row's pause
+(every topic and group row, that row's cells), publishes one more message over /pub and
+waits for the page's own refresh to show the new depth, clicks the row's pause
 button and waits until the page shows it paused, opens "peek ready" and records the
 messages shown, saves a full-page screenshot, and prints one JSON line. The test decides
 whether that is right.
@@ -55,6 +56,16 @@ def main() -> int:
             )
             out["consumers"] = page.inner_text(f"{row} td:nth-child(11)")
             out["state"] = page.inner_text("#state")
+            # live: publish one more message over nsqd's HTTP API and wait for the page's
+            # next refresh to show it
+            base = args.url.rstrip("/")
+            reply = page.request.post(f"{base}/pub?topic={args.topic}", data=b"live message")
+            out["pub_status"] = reply.status
+            page.wait_for_function(
+                f"""() => Number(document.querySelector('{row} [data-field="depth"]')
+                         .textContent) === {out["cells"]["depth"] + 1}"""
+            )
+            out["live_depth"] = out["cells"]["depth"] + 1
             page.click(f'{row} button[data-action="pause"]')
             page.wait_for_selector(f"{row} .paused")
             out["paused_shown"] = True
