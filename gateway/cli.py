@@ -100,13 +100,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "no --store given: using memory:// (this build has no durable store yet)"
         )
     _tune_gc()
+    failed: list[BaseException] = []
     try:
         gateway = Gateway(settings)
         trio.run(_serve, gateway)
-    except OSError as exc:
+    except* OSError as group:
+        # a port in use, an unreadable certificate: one line each, not a traceback
+        # (the listeners bind inside nurseries, so the error arrives in a group)
+        failed.extend(_leaves(group))
+    for exc in failed:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if failed else 0
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for exc in group.exceptions for leaf in _leaves(exc)]
+    return [group]
 
 
 def _tune_gc() -> None:

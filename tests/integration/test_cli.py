@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from tests.helpers import be32
@@ -245,3 +247,24 @@ def test_a_bad_flag_is_a_config_error() -> None:
     )
     assert result.returncode == 2
     assert "config error: nsq:" in result.stderr
+
+
+@pytest.mark.parametrize("listener", ["nsq", "http", "nats-route"])
+def test_a_port_in_use_is_one_line_and_exit_1(listener: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = {name: "off" for name in ("nsq", "http", "beanstalk", "nats", "nats-route")}
+        flags[listener] = f"127.0.0.1:{port}"
+        argv = [item for name, value in flags.items() for item in (f"--{name}", value)]
+        result = subprocess.run(
+            gateway_cmd("serve", *argv, "--store", "memory://"),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    assert result.returncode == 1
+    assert "error: [Errno 98] Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
