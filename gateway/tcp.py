@@ -62,6 +62,16 @@ def try_write(fd: int, data: bytes | memoryview) -> int:
         raise trio.BrokenResourceError(f"send failed: {exc}") from exc
 
 
+# Reads in a row that found data waiting, per descriptor (see receive()).
+_streaks: dict[int, int] = {}
+# After this many, or after a read that filled half the buffer, the reading task yields
+# once. A request/response client rarely gets there (its requests are small, and its next
+# one is usually not there yet when the reply has gone, so the task parks); a client that
+# keeps its socket full (a publisher in a loop) gets there on every read, and so lets
+# every other connection run between two of its reads.
+_STREAK_YIELD = 8
+
+
 async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
     """Like stream.receive_some(size), with less machinery on plain TCP.
 
@@ -78,12 +88,17 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
     except OSError as exc:
         raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
     else:
-        # Data was waiting: a client that keeps its socket full (a publisher in a loop)
-        # would otherwise never let this task yield, and every other connection, the
-        # subscribers it feeds included, would starve. One scheduler pass per read (up to
-        # `size` bytes, many messages) is cheap; shielded, so no read data is ever dropped.
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        streak = _streaks.get(fd, 0) + 1
+        if streak < _STREAK_YIELD and len(data) < size >> 1:
+            _streaks[fd] = streak
+        else:
+            # without this a flooding client would never let the task yield, and every
+            # other connection (the subscribers it feeds included) would starve; shielded,
+            # so no data read is ever dropped
+            _streaks[fd] = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return data
+    _streaks[fd] = 0
     while True:
         await trio.lowlevel.wait_readable(fd)
         try:
