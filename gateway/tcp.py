@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -107,3 +108,49 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
             continue
         except OSError as exc:
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+
+
+class QueuedWriter:
+    """The output half of a session whose frames come from anywhere (its own replies, the
+    broker's deliveries, other connections' publishes): they queue in `_out`, setting
+    `_wake` starts `_writer` (a task of the session), and `_flush` writes the whole queue
+    in one write, straight to the socket when it takes it. The session initialises the
+    attributes below and cancels `_cancel` to end the connection."""
+
+    stream: trio.abc.Stream
+    _fd: int | None
+    _out: list[bytes]
+    _pending: int  # bytes queued, for the session's slow-consumer bound
+    _sending: bool
+    _wake: trio.Event
+    _cancel: trio.CancelScope
+    _bytes_out: Any  # the prometheus counter of its protocol's bytes out
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._cancel.cancel()
+                return
+
+    async def _flush(self) -> None:
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._out:
+                data = b"".join(self._out)
+                self._out = []
+                self._pending = 0
+                self._bytes_out.inc(len(data))
+                if self._fd is not None:
+                    sent = try_write(self._fd, data)
+                    if sent == len(data):
+                        continue
+                    data = data[sent:]
+                await self.stream.send_all(data)
+        finally:
+            self._sending = False

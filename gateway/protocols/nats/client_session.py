@@ -19,7 +19,7 @@ from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.subjects import is_valid_subscription, matches
-from gateway.tcp import receive, socket_fd, try_write
+from gateway.tcp import QueuedWriter, receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.nats")
 
@@ -72,7 +72,7 @@ class Subscription:
             session.drop(self)
 
 
-class NATSClientSession:
+class NATSClientSession(QueuedWriter):
     def __init__(self, server: NATSServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
         self.stream = stream
@@ -358,34 +358,4 @@ class NATSClientSession:
             rest = data[sent:]
             self._out.append(rest)
             self._pending = len(rest)
-
-    # -- output ---------------------------------------------------------------------
-
-    async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            try:
-                await self._flush()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._cancel.cancel()
-                return
-
-    async def _flush(self) -> None:
-        if self._sending:
-            return
-        self._sending = True
-        try:
-            while self._out:
-                data = b"".join(self._out)
-                self._out = []
-                self._pending = 0
-                self._bytes_out.inc(len(data))
-                if self._fd is not None:
-                    sent = try_write(self._fd, data)
-                    if sent == len(data):
-                        continue
-                    data = data[sent:]
-                await self.stream.send_all(data)
-        finally:
-            self._sending = False
+            self._wake.set()

@@ -28,7 +28,7 @@ from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.client_session import encode_headers
 from gateway.subjects import is_valid_subscription
-from gateway.tcp import receive, socket_fd, try_write
+from gateway.tcp import QueuedWriter, receive, socket_fd
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.cluster import Cluster
@@ -56,7 +56,7 @@ class RouteQueueMember:
         self.route.note(message, self.queue)
 
 
-class RouteSession:
+class RouteSession(QueuedWriter):
     remote = True  # a broker tap standing for interest held elsewhere (see taps.py)
 
     def __init__(
@@ -378,32 +378,3 @@ class RouteSession:
             self._cancel.cancel()
             return
         self._wake.set()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            try:
-                await self._flush()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._cancel.cancel()
-                return
-
-    async def _flush(self) -> None:
-        if self._sending:
-            return
-        self._sending = True
-        try:
-            while self._out:
-                data = b"".join(self._out)
-                self._out = []
-                self._pending = 0
-                self._bytes_out.inc(len(data))
-                if self._fd is not None:
-                    sent = try_write(self._fd, data)
-                    if sent == len(data):
-                        continue
-                    data = data[sent:]
-                await self.stream.send_all(data)
-        finally:
-            self._sending = False
