@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -321,6 +322,27 @@ def format_latency_us(samples_ns: Sequence[int]) -> str:
         f"{label} {one(pct[p])}"
         for label, p in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
     )
+
+
+class _Run(Protocol):
+    workload: str
+    server: str
+    rate: float | None
+
+
+R = TypeVar("R", bound=_Run)
+
+
+def median_runs(results: list[R]) -> list[tuple[R, list[R]]]:
+    """Group repeated runs by (workload, server), in order; pick the median-rate run."""
+    groups: dict[tuple[str, str], list[R]] = {}
+    for r in results:
+        groups.setdefault((r.workload, r.server), []).append(r)
+    picked = []
+    for runs in groups.values():
+        ordered = sorted(runs, key=lambda r: r.rate or 0.0)
+        picked.append((ordered[(len(ordered) - 1) // 2], runs))
+    return picked
 
 
 def si(value: float | None) -> str:

@@ -77,6 +77,7 @@ from _common import (  # noqa: E402
     format_latency_us,
     format_table,
     make_placement,
+    median_runs,
     percentiles,
     process_cpu_seconds,
     si,
@@ -949,17 +950,6 @@ def print_result(r: Result) -> None:
     )
     for line in r.details:
         print(f"    {line}", flush=True)
-
-
-def median_runs(results: list[Result]) -> list[tuple[Result, list[Result]]]:
-    groups: dict[tuple[str, str], list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.workload, r.server), []).append(r)
-    picked = []
-    for runs in groups.values():
-        ordered = sorted(runs, key=lambda r: r.rate or 0.0)
-        picked.append((ordered[(len(ordered) - 1) // 2], runs))
-    return picked
 
 
 def latency_cell(samples: list[int]) -> str:

@@ -53,6 +53,7 @@ from _common import (
     format_latency_us,
     format_table,
     make_placement,
+    median_runs,
     parse_addr,
     pid_listening_on,
     process_cpu_seconds,
@@ -686,18 +687,6 @@ def print_result(r: Result) -> None:
     )
     for line in r.details:
         print(f"    {line}", flush=True)
-
-
-def median_runs(results: list[Result]) -> list[tuple[Result, list[Result]]]:
-    """Group repeated runs by (workload, server), in order; pick the median-rate run."""
-    groups: dict[tuple[str, str], list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.workload, r.server), []).append(r)
-    picked = []
-    for runs in groups.values():
-        ordered = sorted(runs, key=lambda r: r.rate or 0.0)
-        picked.append((ordered[(len(ordered) - 1) // 2], runs))
-    return picked
 
 
 def summary(results: list[Result], measured_nsqd: bool) -> str:
