@@ -260,3 +260,44 @@ async def test_route_url_credentials_win(tmp_path: Path) -> None:
     ):
         await wait_routed(srv, gw)
         assert route_url(gw)
+
+
+async def test_a_mixed_burst_from_a_route_keeps_order_headers_and_replies() -> None:
+    """One read full of routed messages: runs on one subject (published together), a
+    header message and a reply in between, another subject. A NATS client of the gateway
+    gets all of them in order, each with its own header and reply."""
+    async with running_gateway(
+        nats="127.0.0.1:0", nats_route="127.0.0.1:0", nats_cluster=CLUSTER
+    ) as gw:
+        client = await trio.open_tcp_stream(*gw.addresses["nats"])
+        await client.send_all(
+            b'CONNECT {"verbose":false,"headers":true}\r\nSUB mix.> 1\r\nPING\r\n'
+        )
+        await _read_until(client, b"PONG\r\n")
+        route = await trio.open_tcp_stream(*gw.addresses["nats-route"])
+        await route.send_all(CONNECT % b"NMIX" + INFO % (b"NMIX", b"mix"))
+        await _read_until(route, b"RS+ $G mix.>\r\n")
+        hdr = b"NATS/1.0\r\nX-A: 1\r\n\r\n"
+        await route.send_all(
+            b"RMSG $G mix.a 2\r\na1\r\n"
+            b"RMSG $G mix.a 2\r\na2\r\n"
+            b"HMSG $G mix.a %d %d\r\n%sa3\r\n"
+            % (len(hdr), len(hdr) + 2, hdr)
+            + b"RMSG $G mix.a 2\r\na4\r\n"
+            b"RMSG $G mix.b 2\r\nb1\r\n"
+            b"RMSG $G mix.a rep.1 2\r\na5\r\n"
+            b"RMSG $G mix.a 2\r\na6\r\n"
+        )
+        got = await _read_until(client, b"a6\r\n")
+        assert got == (
+            b"MSG mix.a 1 2\r\na1\r\n"
+            b"MSG mix.a 1 2\r\na2\r\n"
+            b"HMSG mix.a 1 %d %d\r\n%sa3\r\n"
+            % (len(hdr), len(hdr) + 2, hdr)
+            + b"MSG mix.a 1 2\r\na4\r\n"
+            b"MSG mix.b 1 2\r\nb1\r\n"
+            b"MSG mix.a 1 rep.1 2\r\na5\r\n"
+            b"MSG mix.a 1 2\r\na6\r\n"
+        )
+        await client.aclose()
+        await route.aclose()

@@ -342,21 +342,23 @@ class Cluster:
 
     # -- messages -------------------------------------------------------------------
 
-    def receive(self, route: RouteSession, msg: ev.Msg) -> None:
-        """A message from the cluster: into the topic (made only for imports) and to local
-        NATS subscribers; never back out on a route."""
-        if msg.account != ACCOUNT:
+    def receive(self, route: RouteSession, msgs: list[ev.Msg]) -> None:
+        """Messages from the cluster, into the topic (made only for imports) and to local
+        NATS subscribers; never back out on a route. `msgs` share their subject, account,
+        queue names, header and reply (the route batches runs of plain messages)."""
+        first = msgs[0]
+        if first.account != ACCOUNT:
             return
-        subject = msg.subject
-        header = msg.header
+        subject = first.subject
+        header = first.header
         self.broker.publish(
             subject,
-            [msg.payload],
+            [m.payload for m in msgs],
             headers=parse_headers(header) if header else None,
             header_block=header,
-            reply_to=msg.reply,
+            reply_to=first.reply,
             origin=route.origin,
             create=bool(self._imports) and bool(self._imports.match(subject)),
             publisher=route,
-            routed=msg.queues or (),
+            routed=first.queues or (),
         )

@@ -189,6 +189,9 @@ class RouteSession(QueuedWriter):
     def _process(self) -> bool:
         """Apply every complete op; False when the route must close."""
         cluster = self.cluster
+        # Consecutive plain messages on one subject (no headers, no reply, same queue
+        # names) are published together, as one MPUB is: one broker call for the run.
+        run: list[ev.Msg] = []
         while (event := self.codec.next_event()) is not None:
             cls = event.__class__
             if not self.connected and cls is not ev.Connect:
@@ -197,8 +200,24 @@ class RouteSession(QueuedWriter):
                 return False
             if cls is ev.Msg:
                 self._received_messages = True
-                cluster.receive(self, event)  # type: ignore[arg-type]
-            elif cls is ev.RemoteSub:
+                if not run or (
+                    event.header is None  # type: ignore[union-attr]
+                    and event.reply is None  # type: ignore[union-attr]
+                    and run[0].header is None
+                    and run[0].reply is None
+                    and event.subject == run[0].subject  # type: ignore[union-attr]
+                    and event.queues == run[0].queues  # type: ignore[union-attr]
+                    and event.account == run[0].account  # type: ignore[union-attr]
+                ):
+                    run.append(event)  # type: ignore[arg-type]
+                    continue
+                cluster.receive(self, run)
+                run = [event]  # type: ignore[list-item]
+                continue
+            if run:
+                cluster.receive(self, run)
+                run = []
+            if cls is ev.RemoteSub:
                 self._remote_sub(event)  # type: ignore[arg-type]
             elif cls is ev.RemoteUnsub:
                 self._remote_unsub(event)  # type: ignore[arg-type]
@@ -223,6 +242,8 @@ class RouteSession(QueuedWriter):
                 if reply is not None:
                     self.send(reply)
                 return False
+        if run:
+            cluster.receive(self, run)
         return True
 
     def _error(self, text: str) -> None:
