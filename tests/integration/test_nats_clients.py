@@ -1,8 +1,8 @@
 """Unmodified NATS client libraries (nats-py 2.16.0, nats.js 2.29.3), each in a subprocess,
-against the gateway's NATS listener AND against a real nats-server 2.15.1.
+against the gateway's NATS listener AND against real nats-servers 2.15.1 and 2.9.10.
 
-Every test runs twice (the `server` fixture): against the venv's nats-server, which proves the
-test and its expectations, and against the gateway. The scripts (tests/clients/nats/) only drive
+Every test runs three times (the `server` fixture): against the venv's nats-server 2.15.1 and
+Debian's 2.9.10, which prove the test and its expectations, and against the gateway. The scripts (tests/clients/nats/) only drive
 the library and print what they observed; the assertions are here. Subscribers print a ready
 line once the server has their subscriptions (a round trip after SUB), and the test starts the
 publisher only then: no sleeps. The `raw` tests speak the protocol byte for byte on a socket,
@@ -40,10 +40,13 @@ class Server:
     gateway: Gateway | None = None
 
 
-@pytest.fixture(params=["nats-server", "gateway"])
+@pytest.fixture(params=["nats-server", "nats-server-2.9", "gateway"])
 async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
     if request.param == "nats-server":
         async with servers.real_nats_server() as address:
+            yield Server("nats-server", address)
+    elif request.param == "nats-server-2.9":
+        async with servers.real_nats_server(binary=servers.DEBIAN_NATS_SERVER) as address:
             yield Server("nats-server", address)
     else:
         async with running_gateway(nats="127.0.0.1:0") as gw:

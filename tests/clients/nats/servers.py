@@ -24,15 +24,17 @@ from tests.clients import peer_server
 HERE = Path(__file__).resolve().parent
 NODE_DIR = HERE.parent / "node"
 NATS_SERVER = str(Path(sys.prefix) / "bin" / "nats-server")  # the venv's, 2.15.1
+DEBIAN_NATS_SERVER = "/usr/sbin/nats-server"  # Debian 12's, 2.9.10 (apt, by the test command)
 
 Address = peer_server.Address
 
 
 @asynccontextmanager
-async def real_nats_server(*flags: str) -> AsyncIterator[Address]:
-    """The venv's nats-server (2.15.1) on 127.0.0.1 and a free port; killed (by pid) after."""
+async def real_nats_server(*flags: str, binary: str = NATS_SERVER) -> AsyncIterator[Address]:
+    """A real nats-server (the venv's 2.15.1 unless told) on 127.0.0.1 and a free port;
+    killed (by pid) after."""
     async with peer_server.running(
-        NATS_SERVER, lambda a: ["-a", a[0], "-p", str(a[1]), *flags], "the venv's nats-server"
+        binary, lambda a: ["-a", a[0], "-p", str(a[1]), *flags], f"nats-server {binary}"
     ) as address:
         yield address
 
