@@ -1,13 +1,13 @@
-"""Unmodified NATS client libraries (nats-py 2.16.0, nats.js 2.29.3), each in a subprocess,
-against the gateway's NATS listener AND against real nats-servers 2.15.1 and 2.9.10.
+"""Unmodified NATS client libraries (nats-py 2.16.0, nats.js 2.29.3), each in a subprocess, against
+the gateway's NATS listener AND against real nats-servers 2.15.1 and 2.9.10.
 
 Every test runs three times (the `server` fixture): against the venv's nats-server 2.15.1 and
-Debian's 2.9.10, which prove the test and its expectations, and against the gateway. The scripts (tests/clients/nats/) only drive
-the library and print what they observed; the assertions are here. Subscribers print a ready
-line once the server has their subscriptions (a round trip after SUB), and the test starts the
-publisher only then: no sleeps. The `raw` tests speak the protocol byte for byte on a socket,
-so a failure shows the exact bytes. The bridge tests at the end (gateway only) carry messages
-between NATS clients and NSQ clients of one gateway.
+Debian's 2.9.10, which prove the test and its expectations, and against the gateway. The scripts
+(tests/clients/nats/) only drive the library and print what they observed; the assertions are
+here. Subscribers print a ready line once the server has their subscriptions (a round trip after
+SUB), and the test starts the publisher only then: no sleeps. The `raw` tests speak the protocol
+byte for byte on a socket, so a failure shows the exact bytes. The bridge tests at the end
+(gateway only) carry messages between NATS clients and NSQ clients of one gateway.
 """
 
 from __future__ import annotations
