@@ -49,6 +49,26 @@ async def running_gateway(**overrides: Any) -> AsyncIterator[Gateway]:
         nursery.cancel_scope.cancel()
 
 
+async def read_until(stream: trio.abc.ReceiveStream, marker: bytes, timeout: float = 10) -> bytes:
+    """Everything received until `marker` has arrived (a close before it fails the test)."""
+    buf = b""
+    with trio.fail_after(timeout):
+        while marker not in buf:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"closed before {marker!r}; got {buf!r}"
+            buf += chunk
+    return buf
+
+
+async def read_to_close(stream: trio.abc.ReceiveStream, timeout: float = 5) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    buf = b""
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            buf += chunk
+    return buf
+
+
 def http_base(gateway: Gateway) -> str:
     """The URL of the gateway's HTTP listener (started with http="127.0.0.1:0")."""
     host, port = gateway.addresses["http"]

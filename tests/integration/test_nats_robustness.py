@@ -9,33 +9,13 @@ import trio
 import trio.testing
 
 from tests.clients.nats.cluster import nats_server
-from tests.helpers import running_gateway
-
-
-async def _read_until(stream: trio.SocketStream, marker: bytes, timeout: float = 5) -> bytes:
-    buf = b""
-    with trio.fail_after(timeout):
-        while marker not in buf:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            buf += chunk
-    return buf
-
-
-async def _closed(stream: trio.SocketStream, timeout: float = 5) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    buf = b""
-    with trio.fail_after(timeout):
-        while chunk := await stream.receive_some(65536):
-            buf += chunk
-    return buf
+from tests.helpers import read_to_close, read_until, running_gateway
 
 
 async def _connect(gw: object) -> trio.SocketStream:
     host, port = gw.addresses["nats"]  # type: ignore[attr-defined]
     stream = await trio.open_tcp_stream(host, port)
-    assert (await _read_until(stream, b"\r\n")).startswith(b"INFO {")
+    assert (await read_until(stream, b"\r\n")).startswith(b"INFO {")
     return stream
 
 
@@ -43,7 +23,7 @@ async def test_bad_input_beside_a_healthy_client() -> None:
     async with running_gateway(nats="127.0.0.1:0", nats_server__max_payload=1024) as gw:
         healthy = await _connect(gw)
         await healthy.send_all(b'CONNECT {"verbose":false}\r\nSUB h 1\r\nPING\r\n')
-        assert (await _read_until(healthy, b"PONG\r\n")).endswith(b"PONG\r\n")
+        assert (await read_until(healthy, b"PONG\r\n")).endswith(b"PONG\r\n")
 
         cases = [
             (b"FOO bar\r\n", b"-ERR 'Unknown Protocol Operation'\r\n"),
@@ -55,16 +35,16 @@ async def test_bad_input_beside_a_healthy_client() -> None:
         for sent, reply in cases:
             bad = await _connect(gw)
             await bad.send_all(sent)
-            assert await _closed(bad) == reply, sent
+            assert await read_to_close(bad) == reply, sent
             # the healthy client is untouched
             await healthy.send_all(b"PUB h 2\r\nok\r\nPING\r\n")
-            got = await _read_until(healthy, b"PONG\r\n")
+            got = await read_until(healthy, b"PONG\r\n")
             assert got == b"MSG h 1 2\r\nok\r\nPONG\r\n", got
 
         # an invalid SUB subject is answered and the connection stays open
         bad = await _connect(gw)
         await bad.send_all(b"SUB foo..bar 1\r\nPING\r\n")
-        assert await _read_until(bad, b"PONG\r\n") == b"-ERR 'Invalid Subject'\r\nPONG\r\n"
+        assert await read_until(bad, b"PONG\r\n") == b"-ERR 'Invalid Subject'\r\nPONG\r\n"
         total = sum(
             sample.value
             for metric in gw.metrics.registry.collect()
@@ -79,22 +59,22 @@ async def test_auth_is_required_when_configured() -> None:
     async with running_gateway(nats="127.0.0.1:0", nats_server__token="s3cret") as gw:
         stream = await _connect(gw)
         await stream.send_all(b"PUB x 1\r\na\r\n")
-        assert await _closed(stream) == b"-ERR 'Authorization Violation'\r\n"
+        assert await read_to_close(stream) == b"-ERR 'Authorization Violation'\r\n"
         stream = await _connect(gw)
         await stream.send_all(b'CONNECT {"auth_token":"wrong"}\r\n')
-        assert await _closed(stream) == b"-ERR 'Authorization Violation'\r\n"
+        assert await read_to_close(stream) == b"-ERR 'Authorization Violation'\r\n"
         stream = await _connect(gw)
         await stream.send_all(b'CONNECT {"auth_token":"s3cret"}\r\nPING\r\n')
-        assert await _read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+        assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"
 
 
 async def _silent_client(address: tuple[str, int]) -> bytes:
     """CONNECT, then never a word: everything the server sends after its INFO until it
     closes the connection."""
     stream = await trio.open_tcp_stream(*address)
-    await _read_until(stream, b"\r\n")
+    await read_until(stream, b"\r\n")
     await stream.send_all(b'CONNECT {"verbose":false}\r\n')
-    return await _closed(stream, timeout=20)
+    return await read_to_close(stream, timeout=20)
 
 
 async def test_an_idle_client_is_pinged_then_closed_as_nats_server_does(tmp_path: Path) -> None:
@@ -126,14 +106,14 @@ async def test_a_client_that_answers_stays(autojump_clock: trio.testing.MockCloc
     one interval, so it was pinged every 4 minutes: 15 times."""
     async with running_gateway(nats="127.0.0.1:0") as gw:
         stream = await trio.open_tcp_stream(*gw.addresses["nats"])
-        await _read_until(stream, b"\r\n")
+        await read_until(stream, b"\r\n")
         await stream.send_all(b'CONNECT {"verbose":false}\r\n')
         pings = 0
         start = trio.current_time()
         while trio.current_time() - start < 3600:
-            assert await _read_until(stream, b"PING\r\n", timeout=300) == b"PING\r\n"
+            assert await read_until(stream, b"PING\r\n", timeout=300) == b"PING\r\n"
             pings += 1
             await stream.send_all(b"PONG\r\n")
         assert 14 <= pings <= 16
         await stream.send_all(b"PING\r\n")
-        assert await _read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+        assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"

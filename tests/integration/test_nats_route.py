@@ -26,7 +26,7 @@ from tests.clients import harness as h
 from tests.clients.beanstalk import servers as beanstalk_servers
 from tests.clients.nats import servers
 from tests.clients.nats.cluster import CLUSTER, NatsServer, eventually, nats_server
-from tests.helpers import RawNSQ, be32, running_gateway
+from tests.helpers import RawNSQ, be32, read_until, running_gateway
 
 pytestmark = pytest.mark.clients
 
@@ -492,18 +492,8 @@ async def test_cluster_name_mismatch_is_refused(version: str, tmp_path: Path) ->
 async def _raw_nats(address: tuple[str, int], *subs: bytes) -> trio.SocketStream:
     stream = await trio.open_tcp_stream(*address)
     await stream.send_all(b'CONNECT {"verbose":false}\r\n' + b"".join(subs) + b"PING\r\n")
-    await _until(stream, b"PONG\r\n")
+    await read_until(stream, b"PONG\r\n")
     return stream
-
-
-async def _until(stream: trio.SocketStream, marker: bytes) -> bytes:
-    buf = b""
-    with trio.fail_after(10):
-        while marker not in buf:
-            chunk = await stream.receive_some(65536)
-            assert chunk, buf
-            buf += chunk
-    return buf[buf.index(b"\r\n") + 2 :] if buf.startswith(b"INFO ") else buf
 
 
 async def test_wildcards_cross_the_route(version: str, direction: str, tmp_path: Path) -> None:
@@ -517,9 +507,9 @@ async def test_wildcards_cross_the_route(version: str, direction: str, tmp_path:
         await eventually(interest_of(srv, gw, "w.>"), "RS+ w.>")
         await eventually(remote_plain(gw, "up.>"), "RS+ up.> at the gateway")
         await there.send_all(b"PUB w.a 1\r\na\r\nPUB w.a.b 2\r\nab\r\nPUB w.end 0\r\n\r\n")
-        got = await _until(here, b"MSG w.end 2 0\r\n\r\n")
+        got = await read_until(here, b"MSG w.end 2 0\r\n\r\n")
         if b"MSG w.end 1 0\r\n" not in got:  # the two sentinels may come in either order
-            got += await _until(here, b"MSG w.end 1 0\r\n\r\n")
+            got += await read_until(here, b"MSG w.end 1 0\r\n\r\n")
         assert sorted(got.split(b"MSG ")[1:]) == sorted(
             [b"w.a 1 1\r\na\r\n", b"w.a 2 1\r\na\r\n", b"w.a.b 2 2\r\nab\r\n",
              b"w.end 1 0\r\n\r\n", b"w.end 2 0\r\n\r\n"]
@@ -527,7 +517,7 @@ async def test_wildcards_cross_the_route(version: str, direction: str, tmp_path:
         nsq = await RawNSQ.connect(gw)
         await nsq.send(b"PUB up.x.y\n" + be32(5) + b"hello")
         assert await nsq.frame() == (0, b"OK")
-        assert await _until(there, b"hello\r\n") == b"MSG up.x.y 1 5\r\nhello\r\n"
+        assert await read_until(there, b"hello\r\n") == b"MSG up.x.y 1 5\r\nhello\r\n"
         for stream in (here, there):
             await stream.aclose()
         await nsq.aclose()

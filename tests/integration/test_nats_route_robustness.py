@@ -18,7 +18,7 @@ import trio.testing
 
 from tests.clients import harness as h
 from tests.clients.nats.cluster import CLUSTER, NatsServer, eventually, nats_server
-from tests.helpers import running_gateway
+from tests.helpers import read_until, running_gateway
 from tests.integration.test_nats_route import route_url, routed, routes, server_id, wait_routed
 
 CONNECT = b'CONNECT {"verbose":false,"headers":true,"name":"%s","cluster":"C"}\r\n'
@@ -89,19 +89,19 @@ async def test_misbehaving_route_leaves_others_alone(tmp_path: Path) -> None:
         [good] = routes(gw)
         client = await trio.open_tcp_stream(*gw.addresses["nats"])
         await client.send_all(b'CONNECT {"verbose":false}\r\nSUB from.srv 1\r\nPING\r\n')
-        await _read_until(client, b"PONG\r\n")
+        await read_until(client, b"PONG\r\n")
         remote = await trio.open_tcp_stream(*srv.client)
         await remote.send_all(b'CONNECT {"verbose":false}\r\nSUB to.srv 1\r\nPING\r\n')
-        await _read_until(remote, b"PONG\r\n")
+        await read_until(remote, b"PONG\r\n")
         await eventually(lambda: "to.srv" in good.plain, "RS+ to.srv")
         for _name, case, handshake in CASES:
             await _replies(gw.addresses["nats-route"], case, handshake)
             await client.send_all(b"PUB to.srv 2\r\nok\r\nPING\r\n")
-            assert await _read_until(client, b"PONG\r\n") == b"PONG\r\n"
-            assert await _read_until(remote, b"ok\r\n") == b"MSG to.srv 1 2\r\nok\r\n"
+            assert await read_until(client, b"PONG\r\n") == b"PONG\r\n"
+            assert await read_until(remote, b"ok\r\n") == b"MSG to.srv 1 2\r\nok\r\n"
         assert routes(gw) == [good]
         await remote.send_all(b"PUB from.srv 4\r\nback\r\n")
-        assert await _read_until(client, b"back\r\n") == b"MSG from.srv 1 4\r\nback\r\n"
+        assert await read_until(client, b"back\r\n") == b"MSG from.srv 1 4\r\nback\r\n"
         errors = {
             s.labels["code"]
             for s in gw.metrics.protocol_errors.collect()[0].samples
@@ -110,16 +110,6 @@ async def test_misbehaving_route_leaves_others_alone(tmp_path: Path) -> None:
         assert {"parse", "Authorization"} <= errors, errors
         await client.aclose()
         await remote.aclose()
-
-
-async def _read_until(stream: trio.SocketStream, marker: bytes, timeout: float = 10) -> bytes:
-    buf = b""
-    with trio.fail_after(timeout):
-        while marker not in buf:
-            chunk = await stream.receive_some(65536)
-            assert chunk, f"closed; got {buf!r}"
-            buf += chunk
-    return buf
 
 
 # -- timers on MockClock -----------------------------------------------------------------------
@@ -167,13 +157,13 @@ async def test_a_pinging_peer_is_answered() -> None:
     async with running_gateway(nats_route="127.0.0.1:0", nats_cluster=CLUSTER) as gw:
         stream = await trio.open_tcp_stream(*gw.addresses["nats-route"])
         await stream.send_all(CONNECT % b"NPING" + b"PING\r\n")
-        got = await _read_until(stream, b"PONG\r\n")
+        got = await read_until(stream, b"PONG\r\n")
         assert got.startswith(b"INFO {") and got.endswith(b"PONG\r\n")
         info = json.loads(got[5 : got.index(b"\r\n")])
         assert info["cluster"] == CLUSTER and info["headers"] is True
         assert "route_pool_size" not in info and "compression" not in info
         await stream.send_all(INFO % (b"NPING", b"ping") + b"PING\r\n")
-        assert (await _read_until(stream, b"PONG\r\n")).endswith(b"PONG\r\n")
+        assert (await read_until(stream, b"PONG\r\n")).endswith(b"PONG\r\n")
         await stream.aclose()
 
 
@@ -241,10 +231,10 @@ async def test_route_tls_both_ways(version: str, tmp_path: Path) -> None:
 async def _message_crosses(srv: NatsServer, gw: object) -> None:
     remote = await trio.open_tcp_stream(*srv.client)
     await remote.send_all(b'CONNECT {"verbose":false}\r\nSUB tls.x 1\r\nPING\r\n')
-    await _read_until(remote, b"PONG\r\n")
+    await read_until(remote, b"PONG\r\n")
     await eventually(lambda: any("tls.x" in r.plain for r in routes(gw)), "RS+ tls.x")  # type: ignore[arg-type]
     gw.broker.publish("tls.x", [b"secret"], create=False)  # type: ignore[attr-defined]
-    assert await _read_until(remote, b"secret\r\n") == b"MSG tls.x 1 6\r\nsecret\r\n"
+    assert await read_until(remote, b"secret\r\n") == b"MSG tls.x 1 6\r\nsecret\r\n"
     await remote.aclose()
 
 
@@ -273,10 +263,10 @@ async def test_a_mixed_burst_from_a_route_keeps_order_headers_and_replies() -> N
         await client.send_all(
             b'CONNECT {"verbose":false,"headers":true}\r\nSUB mix.> 1\r\nPING\r\n'
         )
-        await _read_until(client, b"PONG\r\n")
+        await read_until(client, b"PONG\r\n")
         route = await trio.open_tcp_stream(*gw.addresses["nats-route"])
         await route.send_all(CONNECT % b"NMIX" + INFO % (b"NMIX", b"mix"))
-        await _read_until(route, b"RS+ $G mix.>\r\n")
+        await read_until(route, b"RS+ $G mix.>\r\n")
         hdr = b"NATS/1.0\r\nX-A: 1\r\n\r\n"
         await route.send_all(
             b"RMSG $G mix.a 2\r\na1\r\n"
@@ -288,7 +278,7 @@ async def test_a_mixed_burst_from_a_route_keeps_order_headers_and_replies() -> N
             b"RMSG $G mix.a rep.1 2\r\na5\r\n"
             b"RMSG $G mix.a 2\r\na6\r\n"
         )
-        got = await _read_until(client, b"a6\r\n")
+        got = await read_until(client, b"a6\r\n")
         assert got == (
             b"MSG mix.a 1 2\r\na1\r\n"
             b"MSG mix.a 1 2\r\na2\r\n"
