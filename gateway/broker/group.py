@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
 from enum import IntEnum
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Protocol
@@ -563,8 +562,3 @@ class Group:
     @property
     def depth(self) -> int:
         return len(self.ready)
-
-    def iter_messages(self) -> Iterator[Message]:
-        yield from self.ready
-        for entry in self.deferred:
-            yield entry[2]

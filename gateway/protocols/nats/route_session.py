@@ -135,9 +135,6 @@ class RouteSession(QueuedWriter):
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
 
-    def close(self) -> None:
-        self._cancel.cancel()
-
     async def _timers(self) -> None:
         cluster = self.cluster
         with trio.move_on_after(cluster.handshake_timeout):
