@@ -154,3 +154,23 @@ class QueuedWriter:
                 await self.stream.send_all(data)
         finally:
             self._sending = False
+
+    def _write_queued(self) -> None:
+        """One non-blocking write of the queue, now, from synchronous code; whatever the
+        socket does not take is left to the writer task."""
+        if self._sending or not self._out or self._fd is None:
+            return
+        data = b"".join(self._out)
+        self._out = []
+        self._pending = 0
+        self._bytes_out.inc(len(data))
+        try:
+            sent = try_write(self._fd, data)
+        except trio.BrokenResourceError:
+            self._cancel.cancel()
+            return
+        if sent < len(data):
+            rest = data[sent:]
+            self._out.append(rest)
+            self._pending = len(rest)
+            self._wake.set()

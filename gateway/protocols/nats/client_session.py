@@ -19,7 +19,7 @@ from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.subjects import is_valid_subscription, matches
-from gateway.tcp import QueuedWriter, receive, socket_fd, try_write
+from gateway.tcp import QueuedWriter, receive, socket_fd
 
 log = logging.getLogger("gateway.nats")
 
@@ -340,22 +340,6 @@ class NATSClientSession(QueuedWriter):
     def write_now(self) -> None:
         """Write what is queued, without waiting for the writer task: called at the end of
         a NATS client's batch for every session it delivered to, so a request reaches its
-        responder (and the reply its requester) in the publisher's turn, one write each.
-        Whatever the socket does not take is left to the writer task."""
+        responder (and the reply its requester) in the publisher's turn, one write each."""
         self._dirty = False
-        if self._sending or not self._out or self._fd is None:
-            return
-        data = b"".join(self._out)
-        self._out = []
-        self._pending = 0
-        self._bytes_out.inc(len(data))
-        try:
-            sent = try_write(self._fd, data)
-        except trio.BrokenResourceError:
-            self._cancel.cancel()
-            return
-        if sent < len(data):
-            rest = data[sent:]
-            self._out.append(rest)
-            self._pending = len(rest)
-            self._wake.set()
+        self._write_queued()
