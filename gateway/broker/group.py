@@ -99,6 +99,9 @@ class Group:
         self.pause_length = 0  # seconds the current timed pause was set for
         self.deleted = False
         self.ready = ReadyQueue()
+        # ready messages kept only by a durable store (past the group's memory window);
+        # they count as ready everywhere a count is shown
+        self.spilled = 0
         self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
         self.in_flight: dict[int, InFlight] = {}
         self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest

@@ -96,6 +96,17 @@ class Topic:
                 self._store.remove(self.name, None, [m.id for m in backlog])
             self._fan_out(backlog)
 
+    def delete_backlog(self, msg_id: int) -> Message | None:
+        """Delete one message waiting in the backlog (beanstalkd delete of a job in a tube
+        nobody watches yet); None when it is not there."""
+        for i, msg in enumerate(self.backlog):
+            if msg.id == msg_id:
+                del self.backlog[i]
+                if self._store is not None:
+                    self._store.remove(self.name, None, (msg_id,))
+                return msg
+        return None
+
     def empty(self) -> None:
         """Drop the topic-level backlog (nsqd /topic/empty); groups keep their messages."""
         self.backlog.clear()

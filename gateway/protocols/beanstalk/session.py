@@ -338,9 +338,7 @@ class BeanstalkSession:
         if isinstance(view, Group):
             view.delete(event.id)
         else:
-            view.backlog.remove(msg)
-            if view._store is not None:
-                view._store.remove(view.name, None, (event.id,))
+            view.delete_backlog(event.id)
         server.tube_deletes[msg.topic] += 1
         server.release_tube(msg.topic)
         return bc.DELETED
