@@ -1,0 +1,300 @@
+"""Read-only questions about the broker's queues, for everyone outside the broker.
+
+Sessions, the HTTP layer and metrics ask here instead of reading a group's containers
+(`ready`, `deferred`, `in_flight`, `buried`) or a topic's `backlog`: those are the
+storage side's to reshape (a memory window over a disk queue, a Redis-backed queue) and
+only this module and the broker itself may know their layout. Nothing here changes
+anything; mutations stay calls on Broker, Topic and Group.
+
+A *view* is what a reader looks at on a topic: one of its groups, or the topic itself
+when its messages wait in the backlog for a first group (beanstalkd shows a tube in that
+state with ready and delayed jobs).
+
+Counts include what a durable store keeps past a group's memory window (`Group.spilled`,
+ready messages only); peeks and lists look at memory, whose window holds the most urgent
+messages, so what they show is what would be delivered next.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Final, Literal, cast
+
+import trio
+
+from gateway.broker.group import Group, InFlight
+from gateway.broker.topic import Topic
+from gateway.model import DEFAULT_PRIORITY, Message
+
+if TYPE_CHECKING:
+    from gateway.broker.broker import Broker
+
+State = Literal["ready", "delayed", "reserved", "buried"]
+View = Group | Topic
+
+# beanstalkd's "urgent": pri < 1024, which is also the model's default priority
+URGENT_BELOW: Final = DEFAULT_PRIORITY
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Messages per state in one view. `ready` includes `spilled`."""
+
+    ready: int
+    delayed: int
+    reserved: int
+    buried: int
+    urgent: int  # ready with priority < URGENT_BELOW (counted in memory only)
+    spilled: int  # ready messages a durable store keeps on disk past the memory window
+
+    def __add__(self, other: Counts) -> Counts:
+        """Field by field, so that totals over many views are `sum(counts, start)`."""
+        return Counts(
+            self.ready + other.ready,
+            self.delayed + other.delayed,
+            self.reserved + other.reserved,
+            self.buried + other.buried,
+            self.urgent + other.urgent,
+            self.spilled + other.spilled,
+        )
+
+
+NO_COUNTS: Final = Counts(0, 0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where a message is: its state, and the group holding it (None: the topic backlog)."""
+
+    state: State
+    message: Message
+    topic: Topic
+    group: Group | None
+
+    @property
+    def view(self) -> View:
+        return self.group if self.group is not None else self.topic
+
+
+# -- topics and groups ---------------------------------------------------------------------
+
+
+def topic(broker: Broker, name: str) -> Topic | None:
+    """The topic `name` if it exists (never creates one: that is `Broker.topic`)."""
+    return broker.topics.get(name)
+
+
+def topics(broker: Broker, *, by_name: bool = False) -> list[Topic]:
+    """Every topic, in creation order (beanstalkd's list-tubes order) or sorted by name."""
+    if by_name:
+        return sorted(broker.topics.values(), key=_name)
+    return list(broker.topics.values())
+
+
+def topic_names(broker: Broker, *, by_name: bool = False) -> list[str]:
+    names = list(broker.topics)
+    return sorted(names) if by_name else names
+
+
+def group(t: Topic, name: str) -> Group | None:
+    """The group `name` of topic `t` if it exists (never creates one: `Topic.group`)."""
+    return t.groups.get(name)
+
+
+def groups(t: Topic, *, by_name: bool = False) -> list[Group]:
+    if by_name:
+        return sorted(t.groups.values(), key=_name)
+    return list(t.groups.values())
+
+
+def has_groups(t: Topic) -> bool:
+    """True when the topic hands its messages to groups (else they wait in the backlog)."""
+    return bool(t.groups)
+
+
+def _name(item: Topic | Group) -> str:
+    return item.name
+
+
+# -- counts --------------------------------------------------------------------------------
+
+
+def ready_count(g: Group) -> int:
+    return len(g.ready) + g.spilled
+
+
+def spilled_count(g: Group) -> int:
+    return g.spilled
+
+
+def delayed_count(g: Group) -> int:
+    return len(g.deferred)
+
+
+def reserved_count(g: Group) -> int:
+    return len(g.in_flight)
+
+
+def buried_count(g: Group) -> int:
+    return len(g.buried)
+
+
+def urgent_count(g: Group) -> int:
+    return g.ready.count_below(URGENT_BELOW)
+
+
+def holds_messages(g: Group) -> bool:
+    """True while the group keeps any message, in whatever state."""
+    return bool(g.ready or g.spilled or g.deferred or g.buried or g.in_flight)
+
+
+def backlog_depth(t: Topic) -> int:
+    """Messages waiting in the topic backlog, due or not (nsqd's topic depth)."""
+    return len(t.backlog)
+
+
+def counts(view: View, now: float | None = None) -> Counts:
+    """Every state's count for a group, or for a topic backlog (ready and delayed only,
+    split by deliver_at against `now`, the current time unless given)."""
+    if isinstance(view, Group):
+        return Counts(
+            ready_count(view),
+            delayed_count(view),
+            reserved_count(view),
+            buried_count(view),
+            urgent_count(view),
+            spilled_count(view),
+        )
+    ready, delayed = split_backlog(view, now)
+    urgent = sum(1 for m in ready if m.priority < URGENT_BELOW)
+    return Counts(len(ready), len(delayed), 0, 0, urgent, 0)
+
+
+# -- the backlog: the one ready/delayed selection ----------------------------------------------
+
+
+def _due(msg: Message, now: float) -> bool:
+    # deliver_at is on the broker's (Trio) clock; 0.0 means "now"
+    return msg.deliver_at <= now
+
+
+def split_backlog(t: Topic, now: float | None = None) -> tuple[list[Message], list[Message]]:
+    """The backlog as (ready, delayed), each in publish order."""
+    if now is None:
+        now = trio.current_time()
+    ready: list[Message] = []
+    delayed: list[Message] = []
+    for msg in t.backlog:
+        (ready if _due(msg, now) else delayed).append(msg)
+    return ready, delayed
+
+
+def backlog_state(msg: Message, now: float | None = None) -> State:
+    """The state of a message waiting in a backlog."""
+    return "ready" if _due(msg, trio.current_time() if now is None else now) else "delayed"
+
+
+# -- peeks -----------------------------------------------------------------------------------
+
+
+def _urgency(msg: Message) -> tuple[int, int]:
+    return msg.priority, msg.id
+
+
+def _due_order(msg: Message) -> tuple[float, int]:
+    return msg.deliver_at, msg.id
+
+
+def peek_ready(view: View, now: float | None = None) -> Message | None:
+    """The ready message delivered next: lowest (priority, id)."""
+    if isinstance(view, Group):
+        return view.ready.peek()
+    ready, _ = split_backlog(view, now)
+    return min(ready, key=_urgency, default=None)
+
+
+def peek_delayed(view: View, now: float | None = None) -> Message | None:
+    """The delayed message due first: lowest (deliver_at, id)."""
+    if isinstance(view, Group):
+        return view.deferred[0][2] if view.deferred else None
+    _, delayed = split_backlog(view, now)
+    return min(delayed, key=_due_order, default=None)
+
+
+def peek_buried(view: View) -> Message | None:
+    """The oldest buried message (the one a kick takes first); a backlog buries none."""
+    if isinstance(view, Group) and view.buried:
+        return next(iter(view.buried.values()))
+    return None
+
+
+# -- lists (the admin page) ------------------------------------------------------------------
+
+
+def first_ready(g: Group, limit: int) -> list[Message]:
+    """Up to `limit` ready messages in delivery order (lowest (priority, id) first)."""
+    return heapq.nsmallest(limit, g.ready, key=_urgency)
+
+
+def first_delayed(g: Group, limit: int) -> list[Message]:
+    """Up to `limit` delayed messages, the soonest due first."""
+    # heap entries are (deliver_at, id, msg); ids are unique, so msg is never compared
+    return [entry[2] for entry in heapq.nsmallest(limit, g.deferred)]
+
+
+def first_buried(g: Group, limit: int) -> list[Message]:
+    """Up to `limit` buried messages, oldest burial first."""
+    return list(islice(g.buried.values(), max(0, limit)))
+
+
+# -- one message -----------------------------------------------------------------------------
+
+
+def locate(view: View, msg_id: int, now: float | None = None) -> Located | None:
+    """Where message `msg_id` is in a group (any state) or in a topic backlog."""
+    if isinstance(view, Group):
+        found = view.find(msg_id)
+        if found is None:
+            return None
+        return Located(cast(State, found[0]), found[1], view.topic, view)
+    for msg in view.backlog:
+        if msg.id == msg_id:
+            return Located(backlog_state(msg, now), msg, view, None)
+    return None
+
+
+def locate_in(
+    broker: Broker, msg_id: int, view_of: Callable[[Topic], View | None]
+) -> Located | None:
+    """Look for `msg_id` in each topic's view as `view_of` picks it (None: skip the
+    topic), topics in creation order; the first hit wins."""
+    for t in broker.topics.values():
+        view = view_of(t)
+        if view is not None:
+            found = locate(view, msg_id)
+            if found is not None:
+                return found
+    return None
+
+
+def reservation(g: Group, msg_id: int) -> InFlight | None:
+    """The delivery holding `msg_id` in flight (its consumer and deadline), if any."""
+    return g.in_flight.get(msg_id)
+
+
+def time_left(found: Located, now: float | None = None) -> float:
+    """Seconds until a reserved message's deadline or a delayed one's due time; 0 for the
+    other states and for a time already past."""
+    if now is None:
+        now = trio.current_time()
+    if found.state == "reserved" and found.group is not None:
+        entry = found.group.in_flight.get(found.message.id)
+        left = entry.deadline - now if entry is not None else 0.0
+    elif found.state == "delayed":
+        left = found.message.deliver_at - now
+    else:
+        left = 0.0
+    return max(0.0, left)
