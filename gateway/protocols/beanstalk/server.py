@@ -17,14 +17,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.broker import Broker, Group, Topic
+from gateway.broker import Broker, Group, Topic, query
 from gateway.metrics import Metrics
-from gateway.model import Message
 
 if TYPE_CHECKING:
     from gateway.protocols.beanstalk.session import BeanstalkSession
 
-URGENT = 1024  # beanstalkd: a job with pri < 1024 is urgent
 DEFAULT_TUBE = "default"
 
 
@@ -62,7 +60,7 @@ class BeanstalkServer:
     # -- tubes ------------------------------------------------------------------
 
     def ensure_tube(self, tube: str) -> Topic:
-        topic = self.broker.topics.get(tube)
+        topic = query.topic(self.broker, tube)
         if topic is None:
             topic = self.broker.topic(tube)
             assert topic is not None
@@ -77,8 +75,8 @@ class BeanstalkServer:
         topic = self.broker.topic(tube, create=create)
         if topic is None:
             return None
-        group = topic.groups.get(self.group_name)
-        if group is None and create and not topic.groups:
+        group = query.group(topic, self.group_name)
+        if group is None and create and not query.has_groups(topic):
             group = topic.group(self.group_name)
         return group
 
@@ -93,65 +91,57 @@ class BeanstalkServer:
     def view(self, tube: str) -> Group | Topic | None:
         """What beanstalkd clients see of a tube: its group, or the backlog of a topic
         that has no group yet; None for a topic read only by other groups."""
-        topic = self.broker.topics.get(tube)
-        if topic is None:
-            return None
-        group = topic.groups.get(self.group_name)
+        topic = query.topic(self.broker, tube)
+        return self._view_of(topic) if topic is not None else None
+
+    def _view_of(self, topic: Topic) -> Group | Topic | None:
+        group = query.group(topic, self.group_name)
         if group is not None:
             return group
-        return topic if not topic.groups else None
+        return topic if not query.has_groups(topic) else None
 
     def tube_names(self) -> list[str]:
-        return [name for name in self.broker.topics if _beanstalk_name(name)]
+        return [name for name in query.topic_names(self.broker) if _beanstalk_name(name)]
 
     def release_tube(self, tube: str) -> None:
         """A connection stopped using or watching `tube`: delete it if nothing holds it."""
         if tube == DEFAULT_TUBE or self.using[tube] or self.watching[tube]:
             return
-        topic = self.broker.topics.get(tube)
+        topic = query.topic(self.broker, tube)
         if topic is None:
             return
-        group = topic.groups.get(self.group_name)
+        group = query.group(topic, self.group_name)
         if group is not None:
-            if group.consumers or holds_jobs(group):
+            if group.consumers or query.holds_messages(group):
                 return
             topic.delete_group(self.group_name)
-        if not topic.groups and not topic.backlog and tube in self.broker.topics:
+        if (
+            not query.has_groups(topic)
+            and not query.backlog_depth(topic)
+            and query.topic(self.broker, tube) is not None
+        ):
             self.broker.delete_topic(tube)
             self.tube_deletes.pop(tube, None)
             self.tube_pauses.pop(tube, None)
 
     # -- jobs by id -----------------------------------------------------------------
 
-    def find_job(self, job_id: int) -> tuple[str, Message, Group | Topic] | None:
+    def find_job(self, job_id: int) -> query.Located | None:
         """A job in any tube: its state, the message, and the group (or topic backlog)."""
-        for name, topic in self.broker.topics.items():
-            group = topic.groups.get(self.group_name)
-            if group is not None:
-                found = group.find(job_id)
-                if found is not None:
-                    return found[0], found[1], group
-            elif not topic.groups and _beanstalk_name(name):
-                for msg in topic.backlog:
-                    if msg.id == job_id:
-                        return backlog_state(msg), msg, topic
-        return None
+        return query.locate_in(self.broker, job_id, self._job_view)
+
+    def _job_view(self, topic: Topic) -> Group | Topic | None:
+        # a groupless topic's backlog is a tube only under a name beanstalkd clients can use
+        view = self._view_of(topic)
+        if isinstance(view, Topic) and not _beanstalk_name(topic.name):
+            return None
+        return view
 
     # -- process facts for `stats` ------------------------------------------------------
 
     @property
     def pid(self) -> int:
         return os.getpid()
-
-
-def holds_jobs(group: Group) -> bool:
-    return bool(group.ready or group.deferred or group.buried or group.in_flight)
-
-
-def backlog_state(msg: Message) -> str:
-    import trio
-
-    return "delayed" if msg.deliver_at > trio.current_time() else "ready"
 
 
 _NAME_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()")

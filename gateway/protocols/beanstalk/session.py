@@ -17,7 +17,7 @@ import math
 
 import trio
 
-from gateway.broker import Consumer, Group, Topic
+from gateway.broker import Consumer, Group, Topic, query
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
@@ -266,10 +266,9 @@ class BeanstalkSession:
         best_group: Group | None = None
         for tube in self.watched:
             group = self._consumer(tube).group
-            if not group.ready or group.is_paused(now):
+            head = query.peek_ready(group)
+            if head is None or group.is_paused(now):
                 continue
-            head = group.ready.peek()
-            assert head is not None
             key = (head.priority, head.id)
             if best is None or key < best:
                 best, best_group = key, group
@@ -283,7 +282,7 @@ class BeanstalkSession:
         """When the first job this connection holds enters the safety margin."""
         soonest = math.inf
         for job_id, consumer in list(self.reserved.items()):
-            entry = consumer.group.in_flight.get(job_id)
+            entry = query.reservation(consumer.group, job_id)
             if entry is None or entry.consumer is not consumer:
                 del self.reserved[job_id]  # timed out (and maybe reserved by another)
                 continue
@@ -315,7 +314,7 @@ class BeanstalkSession:
         consumer = self.reserved.get(job_id)
         if consumer is None:
             return None
-        entry = consumer.group.in_flight.get(job_id)
+        entry = query.reservation(consumer.group, job_id)
         if entry is None or entry.consumer is not consumer:
             del self.reserved[job_id]
             return None
@@ -332,15 +331,15 @@ class BeanstalkSession:
             server.tube_deletes[group.topic.name] += 1
             return bc.DELETED
         found = server.find_job(event.id)
-        if found is None or found[0] == "reserved":
+        if found is None or found.state == "reserved":
             return bc.NOT_FOUND
-        _, msg, view = found
-        if isinstance(view, Group):
-            view.delete(event.id)
+        if found.group is not None:
+            found.group.delete(event.id)
         else:
-            view.delete_backlog(event.id)
-        server.tube_deletes[msg.topic] += 1
-        server.release_tube(msg.topic)
+            found.topic.delete_backlog(event.id)
+        tube = found.message.topic
+        server.tube_deletes[tube] += 1
+        server.release_tube(tube)
         return bc.DELETED
 
     def _release(self, event: ev.Release) -> bytes:
@@ -366,17 +365,19 @@ class BeanstalkSession:
         consumer = self._held(event.id)
         if consumer is None:
             return bc.NOT_FOUND
-        entry = consumer.group.in_flight[event.id]
+        entry = query.reservation(consumer.group, event.id)
+        assert entry is not None  # _held saw it
         ttr = entry.message.ttr or consumer.timeout
         consumer.group.touch(consumer, event.id, ttr, math.inf)
         return bc.TOUCHED
 
     def _reserve_job(self, event: ev.ReserveJob) -> bytes:
         found = self.server.find_job(event.id)
-        if found is None or found[0] == "reserved":
+        if found is None or found.state == "reserved":
             return bc.NOT_FOUND
-        _, msg, view = found
-        group = view if isinstance(view, Group) else self.server.group(msg.topic, create=True)
+        group = found.group
+        if group is None:  # in the backlog: the tube's new group adopts the backlog
+            group = self.server.group(found.message.topic, create=True)
         assert group is not None
         self.is_worker = True
         self._got = None
@@ -440,7 +441,7 @@ class BeanstalkSession:
 
     def _pause_tube(self, event: ev.PauseTube) -> bytes:
         server = self.server
-        if event.tube not in server.broker.topics:
+        if query.topic(server.broker, event.tube) is None:
             return bc.NOT_FOUND
         server.commands["pause-tube"] += 1
         server.tube_pauses[event.tube] += 1
@@ -454,7 +455,7 @@ class BeanstalkSession:
     def _peek(self, event: ev.Peek) -> bytes:
         self.server.commands["peek"] += 1
         found = self.server.find_job(event.id)
-        return bc.NOT_FOUND if found is None else bc.found(found[1].id, found[1].body)
+        return bc.NOT_FOUND if found is None else bc.found(found.message.id, found.message.body)
 
     def _used_view(self) -> Group | Topic | None:
         return self.server.view(self.used)
@@ -462,34 +463,20 @@ class BeanstalkSession:
     def _peek_ready(self, event: ev.PeekReady) -> bytes:
         self.server.commands["peek-ready"] += 1
         view = self._used_view()
-        msg: Message | None = None
-        if isinstance(view, Group):
-            msg = view.ready.peek()
-        elif view is not None:
-            now = trio.current_time()
-            ready = [m for m in view.backlog if m.deliver_at <= now]
-            msg = min(ready, key=lambda m: (m.priority, m.id), default=None)
+        msg = query.peek_ready(view) if view is not None else None
         return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
 
     def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
         self.server.commands["peek-delayed"] += 1
         view = self._used_view()
-        msg: Message | None = None
-        if isinstance(view, Group):
-            msg = view.deferred[0][2] if view.deferred else None
-        elif view is not None:
-            now = trio.current_time()
-            delayed = [m for m in view.backlog if m.deliver_at > now]
-            msg = min(delayed, key=lambda m: (m.deliver_at, m.id), default=None)
+        msg = query.peek_delayed(view) if view is not None else None
         return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
 
     def _peek_buried(self, event: ev.PeekBuried) -> bytes:
         self.server.commands["peek-buried"] += 1
         view = self._used_view()
-        if isinstance(view, Group) and view.buried:
-            oldest = next(iter(view.buried.values()))
-            return bc.found(oldest.id, oldest.body)
-        return bc.NOT_FOUND
+        oldest = query.peek_buried(view) if view is not None else None
+        return bc.NOT_FOUND if oldest is None else bc.found(oldest.id, oldest.body)
 
     def _kick(self, event: ev.Kick) -> bytes:
         self.server.commands["kick"] += 1
@@ -498,10 +485,11 @@ class BeanstalkSession:
 
     def _kick_job(self, event: ev.KickJob) -> bytes:
         found = self.server.find_job(event.id)
-        if found is None or found[0] not in ("buried", "delayed"):
+        if found is None or found.state not in ("buried", "delayed"):
             return bc.NOT_FOUND
-        _, msg, view = found
-        group = view if isinstance(view, Group) else self.server.group(msg.topic, create=True)
+        group = found.group
+        if group is None:  # in the backlog: the tube's new group adopts the backlog
+            group = self.server.group(found.message.topic, create=True)
         if group is None or not group.kick_message(event.id):
             return bc.NOT_FOUND
         return bc.KICKED
@@ -513,13 +501,12 @@ class BeanstalkSession:
         found = self.server.find_job(event.id)
         if found is None:
             return bc.NOT_FOUND
-        state, msg, view = found
-        return bc.ok_yaml(bc.yaml_dict(stats.stats_job(state, msg, view, self.server.default_ttr)))
+        return bc.ok_yaml(bc.yaml_dict(stats.stats_job(found, self.server.default_ttr)))
 
     def _stats_tube(self, event: ev.StatsTube) -> bytes:
         server = self.server
         server.commands["stats-tube"] += 1
-        if event.tube not in server.broker.topics:
+        if query.topic(server.broker, event.tube) is None:
             return bc.NOT_FOUND
         return bc.ok_yaml(
             bc.yaml_dict(stats.stats_tube(server, event.tube, server.view(event.tube)))

@@ -9,10 +9,9 @@ import time
 
 import trio
 
-from gateway.broker import Group, Topic
-from gateway.model import Message
+from gateway.broker import Group, Topic, query
 from gateway.protocols.beanstalk.codec import quoted
-from gateway.protocols.beanstalk.server import URGENT, BeanstalkServer
+from gateway.protocols.beanstalk.server import BeanstalkServer
 
 VERSION = "1.13"
 _BINLOG_MAX_SIZE = 10485760  # beanstalkd's default -s; the gateway has no binlog
@@ -20,37 +19,26 @@ _BINLOG_MAX_SIZE = 10485760  # beanstalkd's default -s; the gateway has no binlo
 Pairs = list[tuple[str, int | str | bool]]
 
 
-def tube_counts(view: Group | Topic, now: float) -> tuple[int, int, int, int, int]:
-    """(urgent, ready, reserved, delayed, buried) of a tube's group, or of its backlog."""
-    if isinstance(view, Group):
-        return (
-            view.ready.count_below(URGENT),
-            len(view.ready),
-            len(view.in_flight),
-            len(view.deferred),
-            len(view.buried),
-        )
-    ready = [m for m in view.backlog if m.deliver_at <= now]
-    urgent = sum(1 for m in ready if m.priority < URGENT)
-    return urgent, len(ready), 0, len(view.backlog) - len(ready), 0
+def _job_counts(counts: query.Counts) -> Pairs:
+    return [
+        ("current-jobs-urgent", counts.urgent),
+        ("current-jobs-ready", counts.ready),
+        ("current-jobs-reserved", counts.reserved),
+        ("current-jobs-delayed", counts.delayed),
+        ("current-jobs-buried", counts.buried),
+    ]
 
 
 def stats_tube(server: BeanstalkServer, tube: str, view: Group | Topic | None) -> Pairs:
     now = trio.current_time()
-    urgent, ready, reserved, delayed, buried = (
-        tube_counts(view, now) if view is not None else (0, 0, 0, 0, 0)
-    )
-    topic = server.broker.topics.get(tube)
+    counts = query.counts(view, now) if view is not None else query.NO_COUNTS
+    topic = query.topic(server.broker, tube)
     waiting = sum(1 for s in server.sessions if s.waiting and tube in s.watched)
     paused = view.pause_length if isinstance(view, Group) and view.pause_until > now else 0
     left = int(view.pause_until - now) if paused and isinstance(view, Group) else 0
     return [
         ("name", quoted(tube)),
-        ("current-jobs-urgent", urgent),
-        ("current-jobs-ready", ready),
-        ("current-jobs-reserved", reserved),
-        ("current-jobs-delayed", delayed),
-        ("current-jobs-buried", buried),
+        *_job_counts(counts),
         ("total-jobs", topic.message_count if topic is not None else 0),
         ("current-using", server.using[tube]),
         ("current-watching", server.watching[tube]),
@@ -62,24 +50,18 @@ def stats_tube(server: BeanstalkServer, tube: str, view: Group | Topic | None) -
     ]
 
 
-def stats_job(state: str, msg: Message, view: Group | Topic, default_ttr: int) -> Pairs:
-    now = trio.current_time()
-    if state == "reserved" and isinstance(view, Group):
-        left = int(view.in_flight[msg.id].deadline - now)
-    elif state == "delayed":
-        left = int(msg.deliver_at - now)
-    else:
-        left = 0
+def stats_job(found: query.Located, default_ttr: int) -> Pairs:
+    msg = found.message
     js = msg.stats
     return [
         ("id", msg.id),
         ("tube", quoted(msg.topic)),
-        ("state", state),
+        ("state", found.state),
         ("pri", msg.priority),
         ("age", max(0, (time.time_ns() - msg.timestamp) // 1_000_000_000)),
         ("delay", js.delay if js else 0),
         ("ttr", int(msg.ttr) or default_ttr),  # a message from NSQ has none: workers get this
-        ("time-left", max(0, left)),
+        ("time-left", int(query.time_left(found))),
         ("file", 0),
         ("reserves", msg.attempts),
         ("timeouts", js.timeouts if js else 0),
@@ -117,22 +99,12 @@ _COMMANDS = (
 
 def stats(server: BeanstalkServer) -> Pairs:
     now = trio.current_time()
-    totals = [0, 0, 0, 0, 0]
-    for name in server.tube_names():
-        view = server.view(name)
-        if view is not None:
-            for i, n in enumerate(tube_counts(view, now)):
-                totals[i] += n
+    views = [server.view(name) for name in server.tube_names()]
+    totals = sum((query.counts(v, now) for v in views if v is not None), query.NO_COUNTS)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     uname = os.uname()
     sessions = server.sessions
-    pairs: Pairs = [
-        ("current-jobs-urgent", totals[0]),
-        ("current-jobs-ready", totals[1]),
-        ("current-jobs-reserved", totals[2]),
-        ("current-jobs-delayed", totals[3]),
-        ("current-jobs-buried", totals[4]),
-    ]
+    pairs = _job_counts(totals)
     pairs += [(f"cmd-{name}", server.commands[name]) for name in _COMMANDS]
     pairs += [
         ("job-timeouts", server.broker.timeout_count),
