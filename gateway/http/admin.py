@@ -13,17 +13,16 @@ NSQ channel and a topic fed over a NATS route look the same.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
+from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from gateway.broker.group import Group
+from gateway.broker import Group, Topic, query
 from gateway.broker.stats import COUNTS
-from gateway.broker.topic import Topic
 from gateway.http.gocompat import go_json
 from gateway.http.router import HTTPError, Request, Response, Router
 from gateway.model import Message
@@ -48,10 +47,10 @@ def _group_state(group: Group, now: float) -> dict[str, Any]:
     consumers = Counter(getattr(c.sink, "protocol", "other") for c in group.consumers)
     return {
         "name": group.name,
-        "depth": len(group.ready),
-        "in_flight": len(group.in_flight),
-        "deferred": len(group.deferred),
-        "buried": len(group.buried),
+        "depth": query.ready_count(group),
+        "in_flight": query.reserved_count(group),
+        "deferred": query.delayed_count(group),
+        "buried": query.buried_count(group),
         "paused": group.is_paused(now),
         "message_count": group.message_count,
         "finish_count": group.finish_count,
@@ -69,16 +68,15 @@ def state(gateway: Gateway) -> dict[str, Any]:
     broker = gateway.broker
     now = trio.current_time()
     topics = []
-    for name in sorted(broker.topics):
-        topic = broker.topics[name]
+    for topic in query.topics(broker, by_name=True):
         topics.append(
             {
-                "name": name,
+                "name": topic.name,
                 "paused": topic.paused,
-                "backlog": len(topic.backlog),
+                "backlog": query.backlog_depth(topic),
                 "message_count": topic.message_count,
                 "published": dict(sorted(topic.published_by.items())),
-                "groups": [_group_state(topic.groups[g], now) for g in sorted(topic.groups)],
+                "groups": [_group_state(g, now) for g in query.groups(topic, by_name=True)],
             }
         )
     connections = {
@@ -122,17 +120,25 @@ def _message(msg: Message) -> dict[str, Any]:
     }
 
 
+# the states a peek can list, each in the order it will leave that state
+_LISTS: dict[str, Callable[[Group, int], list[Message]]] = {
+    "ready": query.first_ready,
+    "deferred": query.first_delayed,
+    "buried": query.first_buried,
+}
+
+
 def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
     name = request.arg("topic")
     if not name:
         raise HTTPError(400, "MISSING_ARG_TOPIC")
-    topic = gateway.broker.topics.get(name)
+    topic = query.topic(gateway.broker, name)
     if topic is None:
         raise HTTPError(404, "TOPIC_NOT_FOUND")
     group_name = request.arg("group")
     if group_name is None:
         return topic, None
-    group = topic.groups.get(group_name)
+    group = query.group(topic, group_name)
     if group is None:
         raise HTTPError(404, "GROUP_NOT_FOUND")
     return topic, group
@@ -156,14 +162,10 @@ def register(router: Router, gateway: Gateway) -> None:
             limit = min(int(request.arg("limit") or 10), _PEEK_MAX)
         except ValueError:
             raise HTTPError(400, "INVALID_LIMIT") from None
-        if which == "ready":
-            msgs = heapq.nsmallest(limit, group.ready, key=lambda m: (m.priority, m.id))
-        elif which == "buried":
-            msgs = list(group.buried.values())[:limit]
-        elif which == "deferred":
-            msgs = [entry[2] for entry in heapq.nsmallest(limit, group.deferred)]
-        else:
+        lister = _LISTS.get(which)
+        if lister is None:
             raise HTTPError(400, "INVALID_STATE")
+        msgs = lister(group, limit)
         return _json({"state": which, "messages": [_message(m) for m in msgs]})
 
     def action(name: str) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker import query
 from gateway.http import stats
 from gateway.http.nsqd import broadcast_address, port_of
 from gateway.http.router import HTTPError, Request, Response, Router, v1, v1_json
@@ -31,13 +32,13 @@ class LookupdAPI:
         self.broker = gateway.broker
 
     def _topics(self) -> list[str]:
-        return sorted(name for name in self.broker.topics if _nsq_name(name))
+        return [name for name in query.topic_names(self.broker, by_name=True) if _nsq_name(name)]
 
     def _channels(self, topic: str) -> list[str]:
-        t = self.broker.topics.get(topic)
+        t = query.topic(self.broker, topic)
         if t is None or not _nsq_name(topic):
             return []
-        return sorted(name for name in t.groups if _nsq_name(name))
+        return [g.name for g in query.groups(t, by_name=True) if _nsq_name(g.name)]
 
     def _producer(self) -> dict[str, Any]:
         """PeerInfo of the gateway's nsqd. remote_address is where nsqd's registration
@@ -62,7 +63,7 @@ class LookupdAPI:
         topic = request.arg("topic")
         if topic is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if topic not in self.broker.topics or not _nsq_name(topic):
+        if query.topic(self.broker, topic) is None or not _nsq_name(topic):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return v1_json({"channels": self._channels(topic), "producers": self._producers()})
 

@@ -13,6 +13,7 @@ import re
 import struct
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker import query
 from gateway.http import stats
 from gateway.http.router import HTTPError, Request, Response, Router, text, v1, v1_json
 from gateway.protocols.nsq.names import is_ephemeral, is_valid_name
@@ -92,7 +93,7 @@ class NSQDAPI:
         return name
 
     def _existing_topic(self, name: str) -> Topic:
-        topic = self.broker.topics.get(name)
+        topic = query.topic(self.broker, name)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic
@@ -243,7 +244,7 @@ class NSQDAPI:
 
     async def channel_empty(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
-        group = topic.groups.get(channel)
+        group = query.group(topic, channel)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         group.empty()
@@ -252,7 +253,7 @@ class NSQDAPI:
 
     async def channel_pause(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
-        group = topic.groups.get(channel)
+        group = query.group(topic, channel)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         if request.path.endswith("unpause"):

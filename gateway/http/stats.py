@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from gateway.broker import Broker, Consumer, Group, Topic
+from gateway.broker import Broker, Consumer, Group, Topic, query
 from gateway.http.gocompat import go_duration
 from gateway.protocols.nsq.session import NSQSession
 
@@ -37,22 +37,22 @@ def topic_stats(
     """nsqd's GetStats: topics sorted by name, channels by name. A `topic_name` that does
     not exist gives None (JSON null); a `channel_name` leaves out topics without it."""
     if topic_name:
-        topic = broker.topics.get(topic_name)
+        topic = query.topic(broker, topic_name)
         if topic is None:
             return None
         topics = [topic]
     else:
-        topics = sorted(broker.topics.values(), key=lambda t: t.name)
+        topics = query.topics(broker, by_name=True)
     now = trio.current_time()
     out = []
     for topic in topics:
         if channel_name:
-            group = topic.groups.get(channel_name)
+            group = query.group(topic, channel_name)
             if group is None:
                 continue
             groups = [group]
         else:
-            groups = sorted(topic.groups.values(), key=lambda g: g.name)
+            groups = query.groups(topic, by_name=True)
         channels = [_channel(g, topic_name, include_clients, now) for g in groups]
         out.append(_topic(topic, channels))
     return out
@@ -62,8 +62,8 @@ def _topic(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "topic_name": topic.name,
         "channels": channels,
-        "depth": topic.depth,
-        "backend_depth": 0,  # the memory store has no second tier
+        "depth": query.backlog_depth(topic),
+        "backend_depth": 0,  # a topic's backlog is never spilled to disk
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,
@@ -75,10 +75,11 @@ def _channel(group: Group, topic_filter: str, include_clients: bool, now: float)
     clients = [client_stats(c, topic_filter) for c in group.consumers] if include_clients else None
     return {
         "channel_name": group.name,
-        "depth": group.depth,
-        "backend_depth": 0,
-        "in_flight_count": len(group.in_flight),
-        "deferred_count": len(group.deferred),
+        # nsqd: depth is memory plus disk, backend_depth the part on disk
+        "depth": query.ready_count(group),
+        "backend_depth": query.spilled_count(group),
+        "in_flight_count": query.reserved_count(group),
+        "deferred_count": query.delayed_count(group),
         "message_count": group.message_count,
         "requeue_count": group.requeue_count,
         "timeout_count": group.timeout_count,
