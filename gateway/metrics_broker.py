@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway.broker import Broker
+from gateway.broker import Broker, query
 from gateway.broker.stats import COUNTS
 
 OVERFLOW = "_other"  # the label value that stands for every series past the cap
@@ -41,11 +41,11 @@ class BrokerCollector(Collector):
         )
         counted: dict[str, int] = defaultdict(int)
         pub: dict[tuple[str, str], int] = defaultdict(int)
-        names = sorted(broker.topics)
-        kept = set(names[:cap])
-        for name in names:
-            label = name if name in kept else OVERFLOW
-            for protocol, n in broker.topics[name].published_by.items():
+        topics = query.topics(broker, by_name=True)
+        kept = {topic.name for topic in topics[:cap]}
+        for topic in topics:
+            label = topic.name if topic.name in kept else OVERFLOW
+            for protocol, n in topic.published_by.items():
                 pub[(protocol, label)] += n
                 counted[protocol] += n
         for protocol, total in broker.published_by.items():
@@ -77,21 +77,21 @@ class BrokerCollector(Collector):
         sums: dict[tuple[str, str, str], list[int]] = {}
         levels: dict[tuple[str, str], list[int]] = {}
         series = 0
-        for name in names:
-            topic = broker.topics[name]
-            if topic.backlog:
+        for topic in topics:
+            name = topic.name
+            backlog = query.backlog_depth(topic)
+            if backlog:
                 key = (name, "") if series < cap else (OVERFLOW, OVERFLOW)
                 series += key[0] != OVERFLOW
-                levels.setdefault(key, [0, 0, 0, 0, 0])[0] += len(topic.backlog)
-            for gname in sorted(topic.groups):
-                group = topic.groups[gname]
-                key = (name, gname) if series < cap else (OVERFLOW, OVERFLOW)
+                levels.setdefault(key, [0, 0, 0, 0, 0])[0] += backlog
+            for group in query.groups(topic, by_name=True):
+                key = (name, group.name) if series < cap else (OVERFLOW, OVERFLOW)
                 series += key[0] != OVERFLOW
                 level = levels.setdefault(key, [0, 0, 0, 0, 0])
-                level[0] += len(group.ready)
-                level[1] += len(group.in_flight)
-                level[2] += len(group.deferred)
-                level[3] += len(group.buried)
+                level[0] += query.ready_count(group)
+                level[1] += query.reserved_count(group)
+                level[2] += query.delayed_count(group)
+                level[3] += query.buried_count(group)
                 level[4] += len(group.consumers)
                 for protocol, counts in group.by_protocol.items():
                     total = sums.setdefault((protocol, *key), [0] * len(COUNTS))

@@ -14,6 +14,7 @@ import logging
 
 import trio
 
+from gateway.broker import query
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
@@ -265,7 +266,7 @@ class NATSClientSession(QueuedWriter):
         self, subject: str, reply: str | None, payload: bytes, block: bytes | None
     ) -> None:
         broker = self.server.broker
-        topic = broker.topics.get(subject)
+        topic = query.topic(broker, subject)
         broker.publish(
             subject,
             [payload],
@@ -277,7 +278,7 @@ class NATSClientSession(QueuedWriter):
             publisher=self,
         )
         if reply and self.no_responders:
-            kept = topic is not None and bool(topic.groups)
+            kept = topic is not None and query.has_groups(topic)
             if not kept and not broker.taps.interested(subject):
                 self._answer_no_responders(reply)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from gateway.broker import Broker
+from gateway.broker import Broker, query
 from gateway.config import parse_route_url
 from gateway.metrics import Metrics
 from gateway.protocols.nats import route_codec as rc
@@ -109,8 +109,8 @@ class Cluster:
         for pattern in self._import_list:
             self._imports.add(pattern, pattern)
             self._change(pattern, None, 1)
-        for topic in broker.topics.values():
-            if topic.groups:
+        for topic in query.topics(broker):
+            if query.has_groups(topic):
                 self._groups_changed(topic.name, True)
         broker.on_groups = self._groups_changed
         broker.taps.watch = self._change
