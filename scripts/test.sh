@@ -20,6 +20,8 @@ command -v beanstalkd >/dev/null 2>&1 || need_apt+=(beanstalkd)
 # chromium renders the admin page in the browser test (driven by Playwright, which is
 # told to use this binary instead of downloading its own)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+# promtool checks the Prometheus scrape config and alert rules of deploy/prometheus
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
