@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+# The gateway as a small non-root image:
+#   docker build -t mq-gateway .
+#   docker run --rm -p 4150:4150 -p 4151:4151 -p 11300:11300 -v gateway-data:/var/lib/gateway mq-gateway
+# Arguments after the image name are `gateway serve` flags (--log-level debug, --store URL, ...).
+# tests/deploy/test_image_install.py runs this file's install commands in a fresh venv and
+# starts the result with this file's environment: keep the RUN and ENV lines plain.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# Stage 1: every wheel the gateway needs. Its dependencies publish manylinux wheels, so no
+# compiler is needed here either; if one ever must build from source, it builds in this
+# stage and never reaches the final image.
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+RUN python -m pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# Stage 2: a venv installed from those wheels alone (--no-index: nothing else comes in).
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 gateway \
+    && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gateway \
+    && mkdir -p /var/lib/gateway \
+    && chown gateway:gateway /var/lib/gateway
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv /opt/gateway \
+    && /opt/gateway/bin/pip install --no-cache-dir --no-index --find-links=/wheels mq-gateway
+
+# Inside a container every listener binds all interfaces (the defaults, 127.0.0.1, suit a
+# sidecar process). These variables override the config file: a pod that wants a listener
+# on loopback only sets it in its own environment (deploy/kubernetes/sidecar does).
+# RocketMQ is not in this build yet: its port is exposed for when it is, and it stays off.
+ENV PATH=/opt/gateway/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    GATEWAY_DATA_DIR=/var/lib/gateway \
+    GATEWAY_NSQ=0.0.0.0:4150 \
+    GATEWAY_HTTP=0.0.0.0:4151 \
+    GATEWAY_BEANSTALK=0.0.0.0:11300 \
+    GATEWAY_NATS=0.0.0.0:4222 \
+    GATEWAY_NATS_ROUTE=0.0.0.0:6222 \
+    GATEWAY_ROCKETMQ=off
+
+# NSQ TCP, HTTP (nsqd/nsqlookupd API, /metrics, /health, /ready, admin page), beanstalkd,
+# NATS client, NATS cluster route, RocketMQ nameserver
+EXPOSE 4150 4151 11300 4222 6222 9876
+# the embedded durable store's files (--data-dir); mount a volume here to keep them
+VOLUME ["/var/lib/gateway"]
+WORKDIR /var/lib/gateway
+USER 10001:10001
+# SIGTERM: stop accepting, return in-flight work to the queue, flush the store, exit 0
+# (well within 10 s). The gateway runs as PID 1 and handles SIGTERM, SIGINT and SIGUSR1
+# (beanstalkd drain mode) itself.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["gateway", "serve"]
+CMD []
