@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -15,16 +16,27 @@ from collections.abc import Callable, Sequence
 import trio
 
 from gateway.broker.group import Group
+from gateway.broker.journal import Journal, from_wall
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message
-from gateway.stores.base import Store
+from gateway.stores.base import Store, StoreError
+
+log = logging.getLogger("gateway.broker")
+
+# the per-group memory window of a paging (durable) store, unless configured
+DEFAULT_WINDOW = 10_000
 
 
 class Broker:
-    def __init__(self, store: Store, *, max_attempts: int = 0) -> None:
+    def __init__(
+        self, store: Store, *, max_attempts: int = 0, memory_window: int = DEFAULT_WINDOW
+    ) -> None:
         self.store = store
+        # the one owner of every store call (topics and groups hold it, or a null one)
+        self.journal = Journal(store)
+        self.window = memory_window if store.pages else 0
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0
@@ -42,33 +54,70 @@ class Broker:
         # publish -> acknowledgement latency per consumer protocol
         self.published_by: dict[str, int] = {}
         self.ack_latency: dict[str, Histogram] = {}
+        self._page_wanted: dict[Group, None] = {}  # groups whose window runs low, in order
+        self._page_event = trio.Event()
 
     # -- life cycle ------------------------------------------------------------
 
     async def open(self) -> None:
-        """Load what the store recorded: topics, groups and their messages."""
-        state = await self.store.open()
+        """Load what the store recorded: topics, groups and their messages. Messages that
+        were in flight are ready again (their recorded attempts count that delivery)."""
+        state = await self.store.open(self.window)
         self.last_id = state.last_id
-        now = trio.current_time()
+        self.journal.opened(state.last_id)
         for st in state.topics.values():
             topic = self.topics[st.name] = Topic(self, st.name)
             topic.paused = st.paused
+            for msg in st.backlog:
+                msg.deliver_at = from_wall(msg.deliver_at)
             topic.backlog = list(st.backlog)
             for sg in st.groups.values():
                 group = topic.groups[sg.name] = Group(
                     topic, sg.name, max_attempts=self.max_attempts
                 )
+                group.window = self.window
                 group.paused = sg.paused
                 for msg in sg.ready:
-                    if msg.deliver_at > now:
+                    msg.deliver_at = from_wall(msg.deliver_at)
+                    if msg.deliver_at > 0.0:
                         group._defer(msg)
                     else:
                         group.ready.push(msg)
+                if sg.spilled:
+                    group.spilled = sg.spilled
+                    top = group.ready.max_key()
+                    group.spill_from = (top[0], top[1] + 1) if top is not None else (-1, -1)
                 for msg in sg.buried:
+                    msg.deliver_at = 0.0
                     group.buried[msg.id] = msg
+                group.message_count = len(group.ready) + group.spilled + len(group.deferred)
+            if topic.groups and self.on_groups is not None:
+                self.on_groups(topic.name, True)
+
+    def want_page(self, group: Group) -> None:
+        """A group's memory window runs low while messages wait on disk."""
+        if group not in self._page_wanted:
+            self._page_wanted[group] = None
+            self._page_event.set()
+
+    async def _pager(self) -> None:
+        while True:
+            await self._page_event.wait()
+            self._page_event = trio.Event()
+            while self._page_wanted:
+                group = next(iter(self._page_wanted))
+                del self._page_wanted[group]
+                await group.page_in()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The timer task: wakes at the earliest deadline or deferral any group asked for."""
+        """The store's committer, the pager, and the timer task."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.store.run)
+            nursery.start_soon(self._pager)
+            await self._run_timers(task_status)
+
+    async def _run_timers(self, task_status: trio.TaskStatus[None]) -> None:
+        """Wakes at the earliest deadline or deferral any group asked for."""
         task_status.started()
         timers = self._timers
         while True:
@@ -99,12 +148,43 @@ class Broker:
     def burn_id(self) -> None:
         """Use up an id without a message (beanstalkd: a put that ends EXPECTED_CRLF)."""
         self.last_id += 1
+        self.journal.ids_used(self.last_id)
 
     async def flush(self) -> None:
+        """The group-commit point: returns once every change so far is stored; raises
+        StoreError when the store cannot write (the publish must then be refused)."""
         await self.store.flush()
 
+    @property
+    def store_failed(self) -> StoreError | None:
+        return self.store.failed
+
     async def close(self) -> None:
-        await self.store.close()
+        """Clean stop: whatever is in flight is ready again, everything is flushed."""
+        ready = deferred = buried = 0
+        for topic in self.topics.values():
+            ready += len(topic.backlog)
+            for group in topic.groups.values():
+                if group.ephemeral:
+                    continue
+                group.return_all_in_flight()
+                ready += len(group.ready) + group.spilled
+                deferred += len(group.deferred)
+                buried += len(group.buried)
+        try:
+            await self.store.close()
+        except StoreError as exc:
+            log.error("stopping: %s", exc)
+            raise
+        if self.store.durable:
+            log.info(
+                "stopped: %d messages kept in %s (%d ready, %d deferred, %d buried)",
+                ready + deferred + buried,
+                self.store.where,
+                ready,
+                deferred,
+                buried,
+            )
 
     # -- topics and groups -----------------------------------------------------
 
@@ -112,8 +192,7 @@ class Broker:
         topic = self.topics.get(name)
         if topic is None and create:
             topic = self.topics[name] = Topic(self, name, ephemeral=ephemeral)
-            if topic._store is not None:
-                topic._store.add_topic(name)
+            topic.journal.topic_added(topic)
         return topic
 
     def group(
@@ -135,8 +214,7 @@ class Broker:
         for group in topic.groups.values():
             group.close()
         topic.groups.clear()
-        if topic._store is not None:
-            topic._store.drop_topic(name)
+        topic.journal.topic_dropped(topic)
         return True
 
     # -- publishing ------------------------------------------------------------
@@ -162,12 +240,16 @@ class Broker:
         match. Await `flush()` before acknowledging them. With `create=False` a topic that
         does not exist is not made (a NATS publish nobody asked for is not kept).
         `routed`: the messages came from a NATS cluster route, which named these queue
-        groups; they reach local taps only (see taps.py)."""
+        groups; they reach local taps only (see taps.py). Raises StoreError, creating
+        nothing, while the store cannot write."""
+        if self.store.failed is not None and not ephemeral:
+            raise self.store.failed
         t = self.topic(topic, ephemeral=ephemeral, create=create)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
         first = self.last_id + 1
         self.last_id += len(bodies)
+        self.journal.ids_used(self.last_id)
         self.published_count += len(bodies)
         protocol = origin.split(" ", 1)[0] or "other"
         by = self.published_by

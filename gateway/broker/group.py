@@ -8,6 +8,7 @@ sink, which only queues bytes and wakes its connection's writer.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from enum import IntEnum
@@ -18,14 +19,18 @@ import trio
 
 from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
+from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.ready import ReadyQueue
 from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
 from gateway.model import Message
+from gateway.stores.base import Key, StoreError
 
 if TYPE_CHECKING:
     from gateway.broker.topic import Topic
 
 _INF = float("inf")
+_NO_KEY: Key = (-1, -1)
+log = logging.getLogger("gateway.broker")
 
 
 class Outcome(IntEnum):
@@ -99,9 +104,17 @@ class Group:
         self.pause_length = 0  # seconds the current timed pause was set for
         self.deleted = False
         self.ready = ReadyQueue()
-        # ready messages kept only by a durable store (past the group's memory window);
-        # they count as ready everywhere a count is shown
+        # The memory window (a paging store only; 0: everything in memory). Past it, ready
+        # messages stay on disk only: `spilled` of them, every one at or after `spill_from`
+        # in (priority, id) order and every one in memory before it, so the memory part is
+        # always the most urgent part; they are paged in as consumers drain the window.
+        # They count as ready everywhere a count is shown.
+        self.window = 0  # set below, once the journal is known
         self.spilled = 0
+        self.spill_from: Key = _NO_KEY
+        self._paging = False  # a page-in is under way
+        self._dropped_min: Key | None = None  # the least key spilled during it
+        self._generation = 0  # bumped by empty(): a page-in that began before is void
         self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
         self.in_flight: dict[int, InFlight] = {}
         self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest
@@ -109,7 +122,9 @@ class Group:
         self._waiting: deque[Consumer] = deque()  # consumers with room, round-robin
         self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
-        self._store = None if ephemeral else topic.broker.store
+        self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
+        if self.journal is not NULL_JOURNAL:
+            self.window = topic.broker.window
         # counters, the same for every protocol that touches this group
         self.message_count = 0
         self.delivered_count = 0
@@ -126,6 +141,8 @@ class Group:
         """New messages (already recorded in the store by the topic). `fresh`: one
         publish, so one priority and one deliver_at, ids ascending."""
         self.message_count += len(messages)
+        if self.window and (self.spilled or len(self.ready) + len(messages) > self.window):
+            messages = self._spill(messages)
         if fresh and messages and messages[0].deliver_at == 0.0:
             self.ready.extend(messages)
         else:
@@ -138,6 +155,87 @@ class Group:
                     msg.deliver_at = 0.0
                     ready.push(msg)
         self._dispatch()
+
+    # -- the memory window (paging stores) -------------------------------------
+
+    def _spill(self, messages: list[Message]) -> list[Message]:
+        """Leave on disk (already recorded) the ready ones past the window; returns the
+        ones to keep in memory. Deferred messages always stay in memory."""
+        keep: list[Message] = []
+        for msg in messages:
+            if msg.deliver_at == 0.0 and self._spills((msg.priority, msg.id), len(keep)):
+                continue
+            keep.append(msg)
+        return keep
+
+    def _spills(self, key: Key, adding: int) -> bool:
+        """Whether a ready message with `key` stays on disk only (and is counted there)."""
+        if not self.spilled:
+            if len(self.ready) + adding < self.window:
+                return False
+            # the window is full: spill from here, but never before a message in memory
+            top = self.ready.max_key()
+            self.spill_from = max(key, (top[0], top[1] + 1)) if top is not None else key
+        if key < self.spill_from:
+            return False  # more urgent than anything on disk: memory, past the window
+        self.spilled += 1
+        if self._paging and (self._dropped_min is None or key < self._dropped_min):
+            self._dropped_min = key
+        return True
+
+    def _push_ready(self, msg: Message) -> None:
+        """A message back to ready (requeue, timeout, kick, promotion): to memory, or to
+        disk when it belongs past the window. Its state is recorded by the caller."""
+        if self.spilled and self._spills((msg.priority, msg.id), 0):
+            return
+        self.ready.push(msg)
+
+    def _want_page(self) -> None:
+        if self.spilled and not self._paging and len(self.ready) <= self.window // 2:
+            self.topic.broker.want_page(self)
+
+    async def page_in(self) -> None:
+        """Load the next ready messages kept on disk into the window (the broker's pager
+        task calls this when the window runs low)."""
+        if not self.spilled or self._paging or self.deleted:
+            return
+        self._paging = True
+        self._dropped_min = None
+        generation = self._generation
+        start = self.spill_from
+        try:
+            msgs = await self.journal.load(self, start, max(self.window - len(self.ready), 1))
+        except StoreError as exc:
+            log.error("topic %s group %s: paging in failed: %s", self.topic.name, self.name, exc)
+            return
+        finally:
+            self._paging = False
+        if generation != self._generation or self.deleted:
+            return
+        dropped = self._dropped_min
+        if dropped is not None:
+            msgs = [m for m in msgs if (m.priority, m.id) < dropped]
+        if msgs:
+            last = msgs[-1]
+            after = (last.priority, last.id + 1)
+            self.spill_from = after if dropped is None or after < dropped else dropped
+        elif dropped is not None:
+            self.spill_from = dropped
+        else:
+            # the store has none left where some were counted: trust the store
+            log.warning(
+                "topic %s group %s: %d messages counted on disk were not found",
+                self.topic.name,
+                self.name,
+                self.spilled,
+            )
+            self.spilled = 0
+        ready = self.ready
+        for msg in msgs:
+            ready.push(msg)
+        self.spilled = max(self.spilled - len(msgs), 0)
+        self._dispatch()
+        self._want_page()
 
     def _defer(self, msg: Message) -> None:
         heappush(self.deferred, (msg.deliver_at, msg.id, msg))
@@ -183,6 +281,12 @@ class Group:
         self._deadlines.trim(self.in_flight)
         self._dispatch()
 
+    def return_all_in_flight(self) -> None:
+        """A clean stop: every delivery is ready again (as a consumer leaving beanstalkd
+        would), counting no requeue or timeout."""
+        for consumer in {entry.consumer for entry in self.in_flight.values()}:
+            self.return_in_flight(consumer)
+
     def _offer(self, consumer: Consumer) -> None:
         if consumer.attached and not consumer.waiting and consumer.in_flight < consumer.ready:
             consumer.waiting = True
@@ -209,6 +313,8 @@ class Group:
             self._deliver(c, ready.pop(), now)
             if len(waiting) > 1:
                 waiting.rotate(-1)
+        if self.spilled:
+            self._want_page()
 
     def _deliver(self, c: Consumer, msg: Message, now: float) -> None:
         msg.attempts += 1
@@ -219,6 +325,7 @@ class Group:
         self._deadlines.add(deadline, entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
+        self.journal.delivered(self, msg)
         self.delivered_count += 1
         c.counts[DELIVERED] += 1
         if not c.sink.deliver(msg, c):
@@ -234,6 +341,8 @@ class Group:
         elif not self.ready.remove(msg):
             return None
         self._deliver(consumer, msg, trio.current_time())
+        if self.spilled:
+            self._want_page()
         return msg
 
     def take_any(self, consumer: Consumer, msg_id: int) -> Message | None:
@@ -287,8 +396,7 @@ class Group:
         self.finish_count += 1
         c.counts[ACKNOWLEDGED] += 1
         c.latency.observe_ns(time.time_ns() - entry.message.timestamp)
-        if self._store is not None:
-            self._store.remove(self.topic.name, self.name, (msg_id,))
+        self.journal.removed(self, (msg_id,))
         self._deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
@@ -307,8 +415,7 @@ class Group:
         del self.in_flight[msg.id]
         self.finish_count += 1
         entry.consumer.counts[ACKNOWLEDGED] += 1
-        if self._store is not None:
-            self._store.remove(self.topic.name, self.name, (msg.id,))
+        self.journal.removed(self, (msg.id,))
         self._release_slot(entry.consumer)
 
     def _release_slot(self, c: Consumer) -> None:
@@ -381,8 +488,7 @@ class Group:
         self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
-        if self._store is not None:
-            self._store.update(self.topic.name, self.name, msg, buried=True)
+        self.journal.changed(self, msg, buried=True)
 
     def _return(self, msg: Message, delay: float, now: float) -> None:
         """Back to ready or deferred after a requeue or timeout; past max_attempts, buried."""
@@ -394,9 +500,8 @@ class Group:
             self._defer(msg)
         else:
             msg.deliver_at = 0.0
-            self.ready.push(msg)
-        if self._store is not None:
-            self._store.update(self.topic.name, self.name, msg)
+            self._push_ready(msg)
+        self.journal.changed(self, msg)
 
     # -- dead letters ----------------------------------------------------------
 
@@ -442,9 +547,8 @@ class Group:
         self.kick_count += 1
         msg.job_stats().kicks += 1
         msg.deliver_at = 0.0
-        self.ready.push(msg)
-        if self._store is not None:
-            self._store.update(self.topic.name, self.name, msg)
+        self._push_ready(msg)
+        self.journal.changed(self, msg)
 
     # -- administration ------------------------------------------------------
 
@@ -468,8 +572,7 @@ class Group:
         """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
         if self._unqueue(msg_id) is None:
             return False
-        if self._store is not None:
-            self._store.remove(self.topic.name, self.name, (msg_id,))
+        self.journal.removed(self, (msg_id,))
         return True
 
     def empty(self) -> None:
@@ -480,11 +583,12 @@ class Group:
         self.buried.clear()
         self.in_flight.clear()
         self._deadlines.clear()
+        self.spilled = 0
+        self._generation += 1
         for c in self.consumers:
             c.in_flight = 0
             self._offer(c)
-        if self._store is not None:
-            self._store.clear(self.topic.name, self.name)
+        self.journal.cleared(self.topic, self)
 
     def pause_for(self, seconds: int) -> None:
         """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
@@ -504,13 +608,11 @@ class Group:
 
     def pause(self) -> None:
         self.paused = True
-        if self._store is not None:
-            self._store.set_paused(self.topic.name, self.name, True)
+        self.journal.paused(self.topic, self, True)
 
     def unpause(self) -> None:
         self.paused = False
-        if self._store is not None:
-            self._store.set_paused(self.topic.name, self.name, False)
+        self.journal.paused(self.topic, self, False)
         self._dispatch()
 
     def close(self) -> None:
@@ -550,7 +652,11 @@ class Group:
         while deferred and deferred[0][0] <= now:
             msg = heappop(deferred)[2]
             msg.deliver_at = 0.0
-            self.ready.push(msg)
+            if self.spilled and self._spills((msg.priority, msg.id), 0):
+                # on disk only now: its record must say "ready now" to be paged in again
+                self.journal.changed(self, msg)
+            else:
+                self.ready.push(msg)
         self._dispatch()
         nxt = min(
             deadlines.next_due(),
@@ -564,4 +670,4 @@ class Group:
 
     @property
     def depth(self) -> int:
-        return len(self.ready)
+        return len(self.ready) + self.spilled

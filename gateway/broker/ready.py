@@ -95,6 +95,17 @@ class ReadyQueue:
         self._len -= 1
         return msg
 
+    def max_key(self) -> tuple[int, int] | None:
+        """The least urgent (priority, id) in the queue: where a memory window ends."""
+        best = None
+        if self._priorities:
+            tail = self._lanes[self._priorities[-1]][-1]
+            best = (tail.priority, tail.id)
+        for p, i, _ in self._late:
+            if best is None or (p, i) > best:
+                best = (p, i)
+        return best
+
     def remove(self, msg: Message) -> bool:
         """Remove one message wherever it is (O(n): admin and beanstalkd delete paths only)."""
         lane = self._lanes.get(msg.priority)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.broker.group import Group
+from gateway.broker.journal import NULL_JOURNAL
 from gateway.model import Message
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.published_by: dict[str, int] = {}  # publisher protocol -> messages
-        self._store = None if ephemeral else broker.store
+        self.journal = NULL_JOURNAL if ephemeral else broker.journal
 
     def put(self, messages: list[Message]) -> None:
         """One publish's messages (one priority and delay, ids ascending)."""
@@ -33,24 +34,23 @@ class Topic:
         self.message_bytes += sum([len(m.body) for m in messages])
         if self.paused or not self.groups:
             self.backlog.extend(messages)
-            if self._store is not None:
-                self._store.put(self.name, None, messages)
-            return
-        self._fan_out(messages, fresh=True)
-
-    def _fan_out(self, messages: list[Message], *, fresh: bool = False) -> None:
-        if len(self.groups) == 1:  # the common case: no copies to make
-            for group in self.groups.values():
-                if group._store is not None:
-                    group._store.put(self.name, group.name, messages)
-                group.put(messages, fresh=fresh)
+            self.journal.put(self, (), messages)
             return
         groups = list(self.groups.values())
+        # recorded once for every group (the body is stored once), before any group can
+        # deliver one of them and record that
+        self.journal.put(self, groups, messages)
+        self._fan_out(groups, messages, fresh=True)
+
+    def _fan_out(
+        self, groups: list[Group], messages: list[Message], *, fresh: bool = False
+    ) -> None:
+        if len(groups) == 1:  # the common case: no copies to make
+            groups[0].put(messages, fresh=fresh)
+            return
         # copy for every other group before any group sees them: a delivery changes attempts
         batches = [messages] + [[m.copy() for m in messages] for _ in groups[1:]]
         for group, batch in zip(groups, batches, strict=True):
-            if group._store is not None:
-                group._store.put(self.name, group.name, batch)
             group.put(batch, fresh=fresh)
 
     def group(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Group | None:
@@ -61,10 +61,10 @@ class Topic:
             self.groups[name] = group
             if len(self.groups) == 1 and self.broker.on_groups is not None:
                 self.broker.on_groups(self.name, True)
-            if group._store is not None:
-                group._store.add_group(self.name, name, adopt_backlog=adopt)
+            group.journal.group_added(group)
             if adopt:
                 backlog, self.backlog = self.backlog, []
+                self.journal.backlog_fanned_out(self, [group])
                 group.put(backlog)
         return group
 
@@ -73,8 +73,7 @@ class Topic:
         if group is None:
             return False
         group.close()
-        if group._store is not None:
-            group._store.drop_group(self.name, name)
+        group.journal.group_dropped(group)
         if not self.groups and self.broker.on_groups is not None:
             self.broker.on_groups(self.name, False)
         if self.ephemeral and not self.groups:
@@ -83,18 +82,16 @@ class Topic:
 
     def pause(self) -> None:
         self.paused = True
-        if self._store is not None:
-            self._store.set_paused(self.name, None, True)
+        self.journal.paused(self, None, True)
 
     def unpause(self) -> None:
         self.paused = False
-        if self._store is not None:
-            self._store.set_paused(self.name, None, False)
+        self.journal.paused(self, None, False)
         if self.backlog and self.groups:
             backlog, self.backlog = self.backlog, []
-            if self._store is not None:
-                self._store.remove(self.name, None, [m.id for m in backlog])
-            self._fan_out(backlog)
+            groups = list(self.groups.values())
+            self.journal.backlog_fanned_out(self, groups)
+            self._fan_out(groups, backlog)
 
     def delete_backlog(self, msg_id: int) -> Message | None:
         """Delete one message waiting in the backlog (beanstalkd delete of a job in a tube
@@ -102,16 +99,14 @@ class Topic:
         for i, msg in enumerate(self.backlog):
             if msg.id == msg_id:
                 del self.backlog[i]
-                if self._store is not None:
-                    self._store.remove(self.name, None, (msg_id,))
+                self.journal.backlog_removed(self, (msg_id,))
                 return msg
         return None
 
     def empty(self) -> None:
         """Drop the topic-level backlog (nsqd /topic/empty); groups keep their messages."""
         self.backlog.clear()
-        if self._store is not None:
-            self._store.clear(self.name, None)
+        self.journal.cleared(self, None)
 
     @property
     def depth(self) -> int:

@@ -1,14 +1,22 @@
 """The store contract: what the broker records, and what it gets back after a restart.
 
-The broker keeps every queue in memory and is the only reader on the hot path; a store is
-the durable record behind it. The broker calls the recording methods synchronously, in the
-order things happen, and awaits `flush()` before it acknowledges a publish to a client:
-that is the group-commit point, so a durable store may collect every call made since the
-last flush into one transaction. `open()` returns the state those calls imply.
+The broker keeps the hot part of every queue in memory and is the only caller: every
+store call goes through its journal (gateway/broker/journal.py), in the order things
+happen. The recording methods are synchronous and cheap (a durable store only queues
+them); `flush()` is the group-commit point the broker awaits before a publish is
+acknowledged, so a durable store writes every call made since the last flush in one
+transaction. `open()` returns the state those calls imply.
 
-Ephemeral topics and groups (NSQ `#ephemeral`, NATS plain subscriptions) never reach the
-store. In-flight deliveries are not recorded: after a restart they are ready again, which
-is the at-least-once promise.
+Rules every store keeps (the contract suite in tests/contract/ checks them):
+* Times are wall-clock seconds since the epoch (`due`); 0 means "now". The broker converts
+  its own clock at the boundary.
+* What a store is told is copied when it is told: a later change to a live `Message`
+  that was never recorded must not show after a restart.
+* A body is stored once however many groups hold the message.
+* Ids are never handed out twice: `reserve_ids` records a ceiling, and `open()` returns
+  a `last_id` at or above every id recorded or reserved.
+* In-flight deliveries are recorded as an `update` with the new attempts count; after a
+  restart such a message is simply ready, and its next delivery shows attempts + 1.
 """
 
 from __future__ import annotations
@@ -18,15 +26,28 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import trio
+
 from gateway.model import Message
+
+# a ready message's place in its group: (priority, id)
+Key = tuple[int, int]
+
+
+class StoreError(Exception):
+    """The store cannot record what it is told (disk full, I/O error). Publishes are
+    refused with the protocol's own failure reply until writes succeed again."""
 
 
 @dataclass
 class StoredGroup:
     name: str
     paused: bool = False
-    ready: list[Message] = field(default_factory=list)  # includes deferred (deliver_at > 0)
+    # ready and deferred (deliver_at = wall-clock due time > 0) messages in (priority, id)
+    # order; with a paging store only the first `window` ready ones, the rest on disk
+    ready: list[Message] = field(default_factory=list)
     buried: list[Message] = field(default_factory=list)
+    spilled: int = 0  # ready messages left on disk, every one after `ready` in order
 
 
 @dataclass
@@ -40,34 +61,72 @@ class StoredTopic:
 @dataclass
 class StoredState:
     topics: dict[str, StoredTopic] = field(default_factory=dict)
-    last_id: int = 0  # the largest message id ever handed out
+    last_id: int = 0  # ids up to this one may have been handed out: start after it
+
+
+@dataclass
+class StoreStats:
+    """Figures for /metrics (all zero for a store that keeps nothing on disk)."""
+
+    commit_seconds: list[float] = field(default_factory=list)  # since the last read
+    commits: int = 0
+    fsyncs: int = 0
+    write_errors: int = 0
+    disk_bytes: int = 0
+    messages_on_disk: int = 0
 
 
 class Store(abc.ABC):
     durable: ClassVar[bool] = False
+    # True when `open()` may leave ready messages on disk (StoredGroup.spilled) for the
+    # broker to page in with `load()`; a store without paging returns everything
+    pages: ClassVar[bool] = False
+    where: str = "memory"  # for log lines: the file or URL
+
+    failed: StoreError | None = None  # set while writes fail; cleared when they succeed
 
     @abc.abstractmethod
-    async def open(self) -> StoredState:
-        """Recover the recorded state. Called once, before anything is recorded."""
+    async def open(self, window: int = 0) -> StoredState:
+        """Recover the recorded state. Called once, before anything is recorded. A paging
+        store returns at most `window` ready (not deferred) messages per group."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background work (a durable store's committer). Runs until cancelled."""
+        task_status.started()
+
+    async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
+        """Ready (not deferred, not buried) messages of a group with (priority, id) >=
+        `after`, in that order, at most `limit` (a paging store; others have none)."""
+        return []
 
     @abc.abstractmethod
-    def put(self, topic: str, group: str | None, messages: Sequence[Message]) -> None:
-        """New messages for a group (`None`: the topic's backlog, no group exists yet)."""
+    def put(
+        self, topic: str, groups: Sequence[str], messages: Sequence[Message], due: float
+    ) -> None:
+        """One publish's messages (ids ascending), in each of `groups` (empty: the topic's
+        backlog, no group exists yet). `due`: wall-clock delivery time, 0 = now."""
 
     @abc.abstractmethod
-    def update(self, topic: str, group: str, message: Message, *, buried: bool = False) -> None:
-        """A message's per-group fields changed (attempts, priority, deliver_at, buried)."""
+    def update(
+        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+    ) -> None:
+        """A message's per-group fields changed: attempts (a delivery), priority, `due`
+        (a requeue with a delay) or burial (`buried`; False also means kicked)."""
 
     @abc.abstractmethod
     def remove(self, topic: str, group: str | None, ids: Iterable[int]) -> None:
-        """Messages acknowledged or deleted."""
+        """Messages acknowledged or deleted (`group` None: from the topic's backlog)."""
 
     @abc.abstractmethod
     def add_topic(self, topic: str) -> None: ...
 
     @abc.abstractmethod
-    def add_group(self, topic: str, group: str, *, adopt_backlog: bool) -> None:
-        """A group was created; with `adopt_backlog` it takes over the topic's backlog."""
+    def add_group(self, topic: str, group: str) -> None: ...
+
+    @abc.abstractmethod
+    def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
+        """The topic's backlog goes to these groups (the first group created takes it; an
+        unpaused topic hands it to all its groups); the backlog is then empty."""
 
     @abc.abstractmethod
     def drop_group(self, topic: str, group: str) -> None: ...
@@ -83,8 +142,17 @@ class Store(abc.ABC):
     def set_paused(self, topic: str, group: str | None, paused: bool) -> None: ...
 
     @abc.abstractmethod
+    def reserve_ids(self, ceiling: int) -> None:
+        """Ids up to `ceiling` may be handed out: never start below it after a restart."""
+
+    @abc.abstractmethod
     async def flush(self) -> None:
-        """Return once everything recorded so far is accepted (on disk, for a durable store)."""
+        """Return once everything recorded so far is accepted (written to the operating
+        system, or fsynced with fsync = "always", for a durable store). Raises StoreError
+        when it cannot be written."""
+
+    def stats(self) -> StoreStats:
+        return StoreStats()
 
     async def close(self) -> None:
         """Flush and release resources."""

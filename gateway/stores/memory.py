@@ -1,8 +1,9 @@
 """The memory store: nothing survives the process, everything else of the contract holds.
 
-It keeps the same per-group maps a durable store would, so the contract suite exercises
-the broker's recording calls against it, and `open()` on a store that was used before
-(the broker restarting in the same process, as tests do) gives the state back.
+It keeps its own copies of what it is told (never the broker's live `Message` objects),
+so the contract suite and the broker tests catch a change that was never recorded, and
+`open()` on a store that was used before (the broker restarting in the same process, as
+tests do) gives back exactly what was recorded.
 """
 
 from __future__ import annotations
@@ -12,13 +13,19 @@ from collections.abc import Iterable, Sequence
 from gateway.model import Message
 from gateway.stores.base import Store, StoredGroup, StoredState, StoredTopic
 
+# What a durable store would write for one message in one group: the per-group fields as
+# they are when recorded, beside the live message for the fields that never change after a
+# publish (body, headers, timestamp, ttr, reply_to, origin). A tuple, not a Message copy:
+# the memory store holds one per queued message and group.
+_Record = tuple[Message, int, int, float]  # (message, attempts, priority, due)
+
 
 class _Topic:
     __slots__ = ("backlog", "groups", "paused")
 
     def __init__(self) -> None:
         self.paused = False
-        self.backlog: dict[int, Message] = {}
+        self.backlog: dict[int, _Record] = {}
         self.groups: dict[str, _Group] = {}
 
 
@@ -27,8 +34,27 @@ class _Group:
 
     def __init__(self) -> None:
         self.paused = False
-        self.messages: dict[int, Message] = {}
+        self.messages: dict[int, _Record] = {}
         self.buried: set[int] = set()
+
+
+def _restore(record: _Record) -> Message:
+    msg, attempts, priority, due = record
+    m = Message(
+        msg.id,
+        msg.topic,
+        msg.body,
+        msg.timestamp,
+        msg.headers,
+        attempts,
+        priority,
+        due,
+        msg.ttr,
+        msg.reply_to,
+        msg.origin,
+    )
+    m.header_block = msg.header_block
+    return m
 
 
 class MemoryStore(Store):
@@ -38,14 +64,15 @@ class MemoryStore(Store):
         self._topics: dict[str, _Topic] = {}
         self._last_id = 0
 
-    async def open(self) -> StoredState:
+    async def open(self, window: int = 0) -> StoredState:
         state = StoredState(last_id=self._last_id)
         for name, t in self._topics.items():
-            st = StoredTopic(name, t.paused, backlog=sorted(t.backlog.values(), key=_by_id))
+            st = StoredTopic(name, t.paused, backlog=_restored(t.backlog))
             for gname, g in t.groups.items():
                 sg = StoredGroup(gname, g.paused)
-                for msg in sorted(g.messages.values(), key=_by_id):
+                for msg in _restored(g.messages):
                     (sg.buried if msg.id in g.buried else sg.ready).append(msg)
+                sg.ready.sort(key=_key)
                 st.groups[gname] = sg
             state.topics[name] = st
         return state
@@ -56,28 +83,31 @@ class MemoryStore(Store):
             t = self._topics[topic] = _Topic()
         return t
 
-    def put(self, topic: str, group: str | None, messages: Sequence[Message]) -> None:
-        if not messages:
-            return
-        t = self._topics.get(topic) or self._topic(topic)
-        target = t.backlog if group is None else self._group(t, group).messages
-        if len(messages) == 1:
-            target[messages[0].id] = messages[0]
-        else:
-            target.update(zip(map(_by_id, messages), messages, strict=True))
-        last = messages[-1].id  # ids ascend within a publish
-        if last > self._last_id:
-            self._last_id = last
-
     def _group(self, t: _Topic, group: str) -> _Group:
         g = t.groups.get(group)
         if g is None:
             g = t.groups[group] = _Group()
         return g
 
-    def update(self, topic: str, group: str, message: Message, *, buried: bool = False) -> None:
+    def put(
+        self, topic: str, groups: Sequence[str], messages: Sequence[Message], due: float
+    ) -> None:
+        if not messages:
+            return
+        t = self._topic(topic)
+        targets = [self._group(t, g).messages for g in groups] if groups else [t.backlog]
+        for target in targets:
+            for msg in messages:
+                target[msg.id] = (msg, msg.attempts, msg.priority, due)
+        last = messages[-1].id  # ids ascend within a publish
+        if last > self._last_id:
+            self._last_id = last
+
+    def update(
+        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+    ) -> None:
         g = self._group(self._topic(topic), group)
-        g.messages[message.id] = message
+        g.messages[message.id] = (message, message.attempts, message.priority, due)
         if buried:
             g.buried.add(message.id)
         else:
@@ -101,12 +131,14 @@ class MemoryStore(Store):
     def add_topic(self, topic: str) -> None:
         self._topic(topic)
 
-    def add_group(self, topic: str, group: str, *, adopt_backlog: bool) -> None:
+    def add_group(self, topic: str, group: str) -> None:
+        self._group(self._topic(topic), group)
+
+    def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
         t = self._topic(topic)
-        g = self._group(t, group)
-        if adopt_backlog:
-            g.messages.update(t.backlog)
-            t.backlog.clear()
+        for name in groups:
+            self._group(t, name).messages.update(t.backlog)
+        t.backlog.clear()
 
     def drop_group(self, topic: str, group: str) -> None:
         t = self._topics.get(topic)
@@ -133,11 +165,19 @@ class MemoryStore(Store):
         else:
             self._group(t, group).paused = paused
 
+    def reserve_ids(self, ceiling: int) -> None:
+        if ceiling > self._last_id:
+            self._last_id = ceiling
+
     async def flush(self) -> None:
         # Accepted the moment it was recorded. No checkpoint here on purpose: a publish
         # path that awaits flush() must not yield to the scheduler for a memory store.
         return None
 
 
-def _by_id(msg: Message) -> int:
-    return msg.id
+def _restored(records: dict[int, _Record]) -> list[Message]:
+    return [_restore(records[i]) for i in sorted(records)]
+
+
+def _key(msg: Message) -> tuple[int, int]:
+    return (msg.priority, msg.id)

@@ -1,0 +1,169 @@
+"""The journal: the broker's one door to its store.
+
+Every change the broker makes to a queue that outlives the process goes through here, in
+the order it happens, and nothing else in the gateway calls the store. Ephemeral topics and
+groups (NSQ `#ephemeral`, NATS plain subscriptions) get `NULL_JOURNAL`, which records
+nothing, so the queue code never asks "is this stored?".
+
+The broker keeps deadlines and deferrals on Trio's clock (tests drive it with MockClock);
+the store keeps wall-clock times, because Trio's clock starts at a random offset in every
+run. The conversion happens here, in both directions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.model import Message
+from gateway.stores.base import Key, Store
+
+if TYPE_CHECKING:
+    from gateway.broker.group import Group
+    from gateway.broker.topic import Topic
+
+# ids are reserved in blocks, so that handing one out costs no store write, and a restart
+# starts after the block: an id seen by a client is never handed out again
+ID_BLOCK = 1 << 16
+
+
+def to_wall(deliver_at: float) -> float:
+    """A broker-clock time (0: now) as wall-clock seconds since the epoch (0: now)."""
+    if deliver_at <= 0.0:
+        return 0.0
+    return deliver_at - trio.current_time() + time.time()
+
+
+def from_wall(due: float) -> float:
+    """A stored wall-clock due time as a broker-clock time (0: due already)."""
+    if due <= 0.0:
+        return 0.0
+    left = due - time.time()
+    return trio.current_time() + left if left > 0 else 0.0
+
+
+class Journal:
+    __slots__ = ("_ceiling", "store")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._ceiling = 0
+
+    def opened(self, last_id: int) -> None:
+        self._ceiling = last_id
+
+    # -- messages --------------------------------------------------------------
+
+    def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
+        """One publish's messages into `groups` (none: the topic's backlog). Ephemeral
+        groups are left out; the body is stored once for all of the others."""
+        names = [g.name for g in groups if not g.ephemeral] if groups else []
+        if groups and not names:
+            return
+        self.store.put(topic.name, names, messages, to_wall(messages[0].deliver_at))
+
+    def changed(self, group: Group, message: Message, *, buried: bool = False) -> None:
+        """Attempts (a delivery), priority, delay or burial of one message changed."""
+        self.store.update(
+            group.topic.name, group.name, message, to_wall(message.deliver_at), buried=buried
+        )
+
+    def delivered(self, group: Group, message: Message) -> None:
+        # in flight: ready as far as the store knows, with the attempt counted, so that a
+        # crash now brings it back with attempts + 1
+        self.store.update(group.topic.name, group.name, message, 0.0)
+
+    def removed(self, group: Group, ids: Iterable[int]) -> None:
+        self.store.remove(group.topic.name, group.name, ids)
+
+    def backlog_removed(self, topic: Topic, ids: Iterable[int]) -> None:
+        self.store.remove(topic.name, None, ids)
+
+    def ids_used(self, last_id: int) -> None:
+        if last_id > self._ceiling:
+            self._ceiling = last_id + ID_BLOCK
+            self.store.reserve_ids(self._ceiling)
+
+    async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
+        """Page in ready messages a durable store kept on disk, broker clock (due now)."""
+        return await self.store.load(group.topic.name, group.name, after, limit)
+
+    # -- topics and groups -----------------------------------------------------
+
+    def topic_added(self, topic: Topic) -> None:
+        self.store.add_topic(topic.name)
+
+    def topic_dropped(self, topic: Topic) -> None:
+        self.store.drop_topic(topic.name)
+
+    def group_added(self, group: Group) -> None:
+        self.store.add_group(group.topic.name, group.name)
+
+    def group_dropped(self, group: Group) -> None:
+        self.store.drop_group(group.topic.name, group.name)
+
+    def backlog_fanned_out(self, topic: Topic, groups: Sequence[Group]) -> None:
+        self.store.fan_out_backlog(topic.name, [g.name for g in groups if not g.ephemeral])
+
+    def cleared(self, topic: Topic, group: Group | None) -> None:
+        self.store.clear(topic.name, None if group is None else group.name)
+
+    def paused(self, topic: Topic, group: Group | None, paused: bool) -> None:
+        self.store.set_paused(topic.name, None if group is None else group.name, paused)
+
+
+class _NullJournal(Journal):
+    """For ephemeral topics and groups: records nothing."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+
+    def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
+        pass
+
+    def changed(self, group: Group, message: Message, *, buried: bool = False) -> None:
+        pass
+
+    def delivered(self, group: Group, message: Message) -> None:
+        pass
+
+    def removed(self, group: Group, ids: Iterable[int]) -> None:
+        pass
+
+    def backlog_removed(self, topic: Topic, ids: Iterable[int]) -> None:
+        pass
+
+    def ids_used(self, last_id: int) -> None:
+        pass
+
+    async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
+        return []
+
+    def topic_added(self, topic: Topic) -> None:
+        pass
+
+    def topic_dropped(self, topic: Topic) -> None:
+        pass
+
+    def group_added(self, group: Group) -> None:
+        pass
+
+    def group_dropped(self, group: Group) -> None:
+        pass
+
+    def backlog_fanned_out(self, topic: Topic, groups: Sequence[Group]) -> None:
+        pass
+
+    def cleared(self, topic: Topic, group: Group | None) -> None:
+        pass
+
+    def paused(self, topic: Topic, group: Group | None, paused: bool) -> None:
+        pass
+
+
+NULL_JOURNAL: Journal = _NullJournal()

@@ -1,0 +1,674 @@
+"""The durable embedded store: SQLite in WAL mode, one transaction per group commit.
+
+Why SQLite (docs/storage.md has the figures): a B-tree gives the two things a queue on disk
+needs besides appending, paging a group's ready messages in (priority, id) order and
+reclaiming the space of finished ones, without an index of our own in memory; WAL mode
+makes a commit one sequential append to the log. The recording calls only queue small
+tuples on the event loop; a committer task hands everything queued since its last commit
+to a worker thread, which writes it in one transaction (group commit), so disk I/O never
+runs on the event loop and many publishes share one write and one fsync.
+
+fsync policy (beanstalkd's -f): "always" is synchronous=FULL (the WAL is fsynced at every
+commit, before any publish in it is acknowledged); an interval in ms is synchronous=NORMAL
+(every commit is written to the OS before its publishes are acknowledged, so kill -9 loses
+nothing) plus an fsync of the WAL at least that often; "never" leaves it to the OS.
+
+Tables: `messages` holds each body once, with `refs` = the number of entries that point at
+it; `entries` holds one row per (group, message) with the per-group fields; a trigger
+drops a message row when its last entry goes. A topic's backlog is a group row without a
+name. A partial index over ready entries is the paging order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import trio
+
+from gateway.model import Message
+from gateway.stores.base import (
+    Key,
+    Store,
+    StoredGroup,
+    StoredState,
+    StoredTopic,
+    StoreError,
+    StoreStats,
+)
+
+log = logging.getLogger("gateway.store")
+
+FsyncPolicy = Literal["always", "never"] | int
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS topics (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, paused INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY, topic INTEGER NOT NULL, name TEXT,
+    paused INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, ts INTEGER NOT NULL, ttr REAL NOT NULL, body BLOB NOT NULL,
+    origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
+    refs INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    grp INTEGER NOT NULL, id INTEGER NOT NULL, priority INTEGER NOT NULL,
+    attempts INTEGER NOT NULL, due REAL NOT NULL, state INTEGER NOT NULL,
+    PRIMARY KEY (grp, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS entries_ready ON entries (grp, priority, id)
+    WHERE state = 0 AND due = 0;
+CREATE TRIGGER IF NOT EXISTS entries_gone AFTER DELETE ON entries BEGIN
+    UPDATE messages SET refs = refs - 1 WHERE id = OLD.id;
+    DELETE FROM messages WHERE id = OLD.id AND refs <= 0;
+END;
+"""
+
+_READY, _BURIED = 0, 1
+_RAISE_CEILING = (
+    "INSERT INTO meta VALUES ('id_ceiling', ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
+)
+_COLUMNS = (
+    "e.id, e.priority, e.attempts, e.due, m.ts, m.ttr, m.body, m.origin, m.reply_to,"
+    " m.headers, m.header_block"
+)
+_RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed commit
+_VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
+
+
+class _Topic:
+    __slots__ = ("backlog", "groups", "id")
+
+    def __init__(self, tid: int, backlog: int) -> None:
+        self.id = tid
+        self.backlog = backlog  # the group id of the topic's backlog
+        self.groups: dict[str, int] = {}
+
+
+class SQLiteStore(Store):
+    durable = True
+    pages = True
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: FsyncPolicy = 50) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self.fsync = fsync
+        self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._wal_fd: int | None = None
+        self._topics: dict[str, _Topic] = {}
+        self._next_tid = 1
+        self._next_gid = 1
+        self._ops: list[tuple[Any, ...]] = []
+        self._recorded = 0  # ops recorded so far
+        self._committed = 0  # ops written so far
+        self._wake = trio.Event()
+        self._committed_event = trio.Event()
+        self._limiter = trio.CapacityLimiter(1)  # one thread at a time uses the connection
+        self._unsynced = False
+        self._committing = False
+        self._write_done: list[tuple[Any, ...]] | None = None  # the last ops written
+        self._last_fsync = 0.0
+        self._stats = StoreStats()
+        self._id_ceiling = 0
+
+    # -- opening ---------------------------------------------------------------
+
+    async def open(self, window: int = 0) -> StoredState:
+        return await trio.to_thread.run_sync(self._open_sync, window, limiter=self._limiter)
+
+    def _open_sync(self, window: int) -> StoredState:
+        self._lock()
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            # a crash left a log behind: SQLite replays its committed frames and drops a
+            # torn tail (each frame carries a checksum), so nothing is to be done but say so
+            log.warning(
+                "store %s: recovering from a write-ahead log of %d bytes left by an unclean stop",
+                self.path,
+                wal.stat().st_size,
+            )
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
+            db.execute("PRAGMA journal_mode = WAL")
+            sync = {"always": "FULL", "never": "OFF"}.get(str(self.fsync), "NORMAL")
+            db.execute(f"PRAGMA synchronous = {sync}")
+            # the WAL file is cut back after checkpoints, so finished work gives space back
+            db.execute("PRAGMA journal_size_limit = 16777216")
+            db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
+            db.executescript(_SCHEMA)
+            self._db = db
+            return self._recover(db, window)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"store {self.path}: cannot open: {exc}") from exc
+
+    def _lock(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"data dir {self.path.parent}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(
+                f"data dir {self.path.parent} is in use by another gateway (pid {holder}): "
+                f"{self.path} is locked"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        if not os.access(self.path.parent, os.W_OK):
+            raise StoreError(f"data dir {self.path.parent}: not writable")
+
+    def _recover(self, db: sqlite3.Connection, window: int) -> StoredState:
+        state = StoredState()
+        row = db.execute("SELECT value FROM meta WHERE key = 'id_ceiling'").fetchone()
+        ceiling = row[0] if row else 0
+        row = db.execute("SELECT max(id) FROM messages").fetchone()
+        state.last_id = self._id_ceiling = max(ceiling, row[0] or 0)
+        names: dict[int, str] = {}
+        for tid, name, paused in db.execute("SELECT id, name, paused FROM topics"):
+            names[tid] = name
+            state.topics[name] = StoredTopic(name, bool(paused))
+            self._next_tid = max(self._next_tid, tid + 1)
+        for gid, tid, name, paused in db.execute("SELECT id, topic, name, paused FROM groups"):
+            self._next_gid = max(self._next_gid, gid + 1)
+            topic_name = names.get(tid)
+            if topic_name is None:
+                continue
+            st = state.topics[topic_name]
+            t = self._topics.get(topic_name)
+            if name is None:
+                if t is None:
+                    t = self._topics[topic_name] = _Topic(tid, gid)
+                else:
+                    t.backlog = gid
+                st.backlog = self._select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
+                continue
+            if t is None:
+                t = self._topics[topic_name] = _Topic(tid, 0)
+            t.groups[name] = gid
+            sg = st.groups[name] = StoredGroup(name, bool(paused))
+            ready = db.execute(
+                "SELECT count(*) FROM entries WHERE grp = ? AND state = 0 AND due = 0", (gid,)
+            ).fetchone()[0]
+            limit = window if window > 0 else -1
+            sg.ready = self._select(
+                db,
+                topic_name,
+                "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.priority, e.id LIMIT ?",
+                (gid, limit),
+            )
+            sg.spilled = ready - len(sg.ready)
+            sg.ready += self._select(
+                db, topic_name, "e.grp = ? AND e.state = 0 AND e.due > 0", (gid,)
+            )
+            sg.buried = self._select(
+                db, topic_name, "e.grp = ? AND e.state = 1 ORDER BY e.id", (gid,)
+            )
+        for t in self._topics.values():
+            if t.backlog == 0:  # a topic whose backlog row is missing: make one
+                t.backlog = self._new_gid()
+                self._ops.append(("G+", t.backlog, t.id, None))
+                self._recorded += 1
+        self._stats.messages_on_disk = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+        self._stats.disk_bytes = self._disk_bytes()
+        return state
+
+    @staticmethod
+    def _select(
+        db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...]
+    ) -> list[Message]:
+        sql = f"SELECT {_COLUMNS} FROM entries e JOIN messages m ON m.id = e.id WHERE {where}"
+        return [_message(row, topic) for row in db.execute(sql, args)]
+
+    # -- recording (event loop, synchronous, cheap) ----------------------------
+
+    def _record(self, op: tuple[Any, ...]) -> None:
+        if not self._ops:
+            self._wake.set()
+        self._ops.append(op)
+        self._recorded += 1
+
+    def _new_gid(self) -> int:
+        gid = self._next_gid
+        self._next_gid += 1
+        return gid
+
+    def put(
+        self, topic: str, groups: Sequence[str], messages: Sequence[Message], due: float
+    ) -> None:
+        if not messages:
+            return
+        t = self._topics.get(topic) or self._add_topic(topic)
+        if groups:
+            gids = tuple([t.groups.get(g) or self._add_group(t, g) for g in groups])
+        else:
+            gids = (t.backlog,)
+        # the per-group fields as they are now (a delivery may change them before the
+        # commit; that change is recorded on its own)
+        fields = [(m.priority, m.attempts) for m in messages]
+        self._record(("P", gids, messages, due, fields))
+
+    def update(
+        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+    ) -> None:
+        t = self._topics[topic]
+        gid = t.groups[group]
+        state = _BURIED if buried else _READY
+        self._record(("U", (message.priority, message.attempts, due, state, gid, message.id)))
+
+    def remove(self, topic: str, group: str | None, ids: Iterable[int]) -> None:
+        t = self._topics.get(topic)
+        if t is None:
+            return
+        gid = t.backlog if group is None else t.groups.get(group)
+        if gid is not None:
+            self._record(("D", gid, ids if isinstance(ids, tuple) else tuple(ids)))
+
+    def add_topic(self, topic: str) -> None:
+        if topic not in self._topics:
+            self._add_topic(topic)
+
+    def _add_topic(self, topic: str) -> _Topic:
+        tid = self._next_tid
+        self._next_tid += 1
+        t = self._topics[topic] = _Topic(tid, self._new_gid())
+        self._record(("T+", tid, topic, t.backlog))
+        return t
+
+    def add_group(self, topic: str, group: str) -> None:
+        t = self._topics.get(topic) or self._add_topic(topic)
+        if group not in t.groups:
+            self._add_group(t, group)
+
+    def _add_group(self, t: _Topic, group: str) -> int:
+        gid = t.groups[group] = self._new_gid()
+        self._record(("G+", gid, t.id, group))
+        return gid
+
+    def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
+        t = self._topics.get(topic)
+        if t is None:
+            return
+        gids = tuple([t.groups.get(g) or self._add_group(t, g) for g in groups])
+        self._record(("F", t.backlog, gids))
+
+    def drop_group(self, topic: str, group: str) -> None:
+        t = self._topics.get(topic)
+        if t is not None and (gid := t.groups.pop(group, None)) is not None:
+            self._record(("G-", gid))
+
+    def drop_topic(self, topic: str) -> None:
+        t = self._topics.pop(topic, None)
+        if t is not None:
+            self._record(("T-", t.id))
+
+    def clear(self, topic: str, group: str | None) -> None:
+        t = self._topics.get(topic)
+        if t is None:
+            return
+        gid = t.backlog if group is None else t.groups.get(group)
+        if gid is not None:
+            self._record(("C", gid))
+
+    def set_paused(self, topic: str, group: str | None, paused: bool) -> None:
+        t = self._topics.get(topic) or self._add_topic(topic)
+        if group is None:
+            self._record(("PT", t.id, int(paused)))
+        else:
+            gid = t.groups.get(group) or self._add_group(t, group)
+            self._record(("PG", gid, int(paused)))
+
+    def reserve_ids(self, ceiling: int) -> None:
+        if ceiling > self._id_ceiling:
+            self._id_ceiling = ceiling
+            self._record(("R", ceiling))
+
+    # -- committing ------------------------------------------------------------
+
+    async def flush(self) -> None:
+        # Group commit, leader style: the first flusher with nothing being written writes
+        # everything recorded so far; those who come while it writes wait for the next
+        # commit, which then carries all of their records at once.
+        target = self._recorded
+        while self._committed < target:
+            if self.failed is not None:
+                raise self.failed
+            if self._committing:
+                await self._committed_event.wait()
+            else:
+                await self._commit()
+        # no checkpoint when there is nothing to wait for: the publish hot path
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        retry = _RETRY_FIRST
+        interval = self.fsync / 1000 if isinstance(self.fsync, int) else None
+        last_vacuum = trio.current_time()
+        while True:
+            if not self._ops:
+                deadline = self._last_fsync + interval if (interval and self._unsynced) else None
+                with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+            if self._committing:
+                await self._committed_event.wait()
+            elif self._ops:
+                if await self._commit():
+                    retry = _RETRY_FIRST
+                else:
+                    await trio.sleep(retry)  # a failing disk: try again, backing off
+                    retry = min(retry * 2, _RETRY_MAX)
+                    continue
+            if (
+                interval is not None
+                and self._unsynced
+                and time.monotonic() - self._last_fsync >= interval
+            ):
+                await self._in_thread(self._fsync_wal)
+            if trio.current_time() - last_vacuum > 10.0:
+                last_vacuum = trio.current_time()
+                with contextlib.suppress(sqlite3.Error, OSError):
+                    await self._in_thread(self._maintain)
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def _commit(self) -> bool:
+        ops, self._ops = self._ops, []
+        upto = self._recorded
+        started = time.perf_counter()
+        self._committing = True
+        try:
+            # not abandoned on cancel: a commit that started always finishes
+            await self._in_thread(self._write, ops)
+        except BaseException as exc:
+            if self._write_done is not ops:
+                self._ops[:0] = ops  # not written: kept, in order, for the next try
+            if not isinstance(exc, sqlite3.Error | OSError):
+                raise  # cancelled before the thread started: someone else commits them
+            self._stats.write_errors += 1
+            first = self.failed is None
+            self.failed = StoreError(f"store {self.path}: write failed: {exc}")
+            if first:
+                log.error("%s; publishes are refused until writes succeed again", self.failed)
+            return False
+        finally:
+            self._committing = False
+            self._wake_flushers()
+        if self.failed is not None:
+            log.warning("store %s: writes succeed again", self.path)
+            self.failed = None
+        self._stats.commit_seconds.append(time.perf_counter() - started)
+        self._stats.commits += 1
+        if self.fsync == "always":
+            self._stats.fsyncs += 1
+        self._committed = upto
+        return True
+
+    def _wake_flushers(self) -> None:
+        event, self._committed_event = self._committed_event, trio.Event()
+        event.set()
+
+    # -- the worker thread's side ------------------------------------------------
+
+    def _write(self, ops: list[tuple[Any, ...]]) -> None:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN")
+        try:
+            delta = _apply(db, ops)
+            db.execute("COMMIT")
+            self._write_done = ops
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+        self._unsynced = self.fsync != "always" and self.fsync != "never"
+        self._stats.messages_on_disk += delta
+
+    def _fsync_wal(self) -> None:
+        if self._wal_fd is None:
+            try:
+                self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+            except FileNotFoundError:
+                return
+        os.fsync(self._wal_fd)
+        self._last_fsync = time.monotonic()
+        self._unsynced = False
+        self._stats.fsyncs += 1
+
+    def _maintain(self) -> None:
+        """Give finished messages' pages back to the file system, a bounded amount at a
+        time (SQLite reuses free pages anyway; this shrinks the file after a backlog)."""
+        db = self._db
+        assert db is not None
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free > _VACUUM_PAGES // 4:
+            db.execute(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})").fetchall()
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        self._stats.disk_bytes = self._disk_bytes()
+
+    def _disk_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        return total
+
+    async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
+        t = self._topics.get(topic)
+        gid = t.groups.get(group) if t is not None else None
+        if gid is None:
+            return []
+        where = (
+            "e.grp = ? AND e.state = 0 AND e.due = 0 AND (e.priority, e.id) >= (?, ?)"
+            " ORDER BY e.priority, e.id LIMIT ?"
+        )
+        db = self._db
+        assert db is not None
+        args = (gid, after[0], after[1], limit)
+        return await self._in_thread(self._select, db, topic, where, args)
+
+    def stats(self) -> StoreStats:
+        stats = self._stats
+        self._stats = StoreStats(
+            commits=stats.commits,
+            fsyncs=stats.fsyncs,
+            write_errors=stats.write_errors,
+            disk_bytes=stats.disk_bytes,
+            messages_on_disk=stats.messages_on_disk,
+        )
+        return stats
+
+    async def close(self) -> None:
+        """Write what is left (a few tries while the disk fails), then close. Raises
+        StoreError naming what could not be written."""
+        try:
+            if self._db is None:
+                return
+            retry = _RETRY_FIRST
+            for _ in range(4):
+                while self._committing:
+                    await self._committed_event.wait()
+                if not self._ops or await self._commit():
+                    break
+                await trio.sleep(retry)
+                retry *= 2
+            lost = len(self._ops)
+            await self._in_thread(self._close_sync)
+            if lost:
+                raise StoreError(f"store {self.path}: {lost} changes could not be written")
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def _close_sync(self) -> None:
+        db = self._db
+        self._db = None
+        if db is None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        db.close()
+        if self._wal_fd is not None:
+            os.close(self._wal_fd)
+            self._wal_fd = None
+
+
+def _message(row: tuple[Any, ...], topic: str) -> Message:
+    mid, priority, attempts, due, ts, ttr, body, origin, reply_to, headers, block = row
+    msg = Message(
+        mid,
+        topic,
+        body,
+        ts,
+        [tuple(h) for h in json.loads(headers)] if headers else None,  # type: ignore[misc]
+        attempts,
+        priority,
+        due,
+        ttr,
+        reply_to,
+        origin,
+    )
+    msg.header_block = block
+    return msg
+
+
+def _apply(db: sqlite3.Connection, ops: list[tuple[Any, ...]]) -> int:
+    """Write a commit's ops in order. Runs of puts, updates and deletes between two
+    structural changes go in one executemany each: puts, then updates, then deletes, which
+    is the order every message goes through them. An entry put and deleted within the run
+    (published and finished between two commits) is never written at all. Returns the
+    change in the number of entries on disk."""
+    delta = 0
+    puts: list[tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]] = []
+    updates: list[tuple[Any, ...]] = []
+    deletes: list[tuple[int, int]] = []
+    for op in ops:
+        kind = op[0]
+        if kind == "P":
+            puts.append(op[1:])
+        elif kind == "U":
+            updates.append(op[1])
+        elif kind == "D":
+            gid = op[1]
+            deletes.extend([(gid, i) for i in op[2]])
+        else:
+            if puts or updates or deletes:
+                delta += _run(db, puts, updates, deletes)
+                puts, updates, deletes = [], [], []
+            delta += _structural(db, op)
+    if puts or updates or deletes:
+        delta += _run(db, puts, updates, deletes)
+    return delta
+
+
+def _run(
+    db: sqlite3.Connection,
+    puts: list[tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]],
+    updates: list[tuple[Any, ...]],
+    deletes: list[tuple[int, int]],
+) -> int:
+    gone = set(deletes) if puts and deletes else None
+    message_rows = []
+    entry_rows = []
+    for gids, msgs, due, fields in puts:
+        for m, (priority, attempts) in zip(msgs, fields, strict=True):
+            refs = len(gids)
+            for gid in gids:
+                if gone is not None and (gid, m.id) in gone:
+                    gone.discard((gid, m.id))  # never written: nothing to delete either
+                    refs -= 1
+                    continue
+                entry_rows.append((gid, m.id, priority, attempts, due))
+            if refs:
+                headers = json.dumps(m.headers) if m.headers else None
+                message_rows.append(
+                    (m.id, m.timestamp, m.ttr, m.body, m.origin, m.reply_to, headers,
+                     m.header_block, refs)
+                )  # fmt: skip
+    if message_rows:
+        db.executemany("INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)", message_rows)
+    if puts:
+        # the largest id ever stored, kept after its message is gone: ids never repeat
+        db.execute(_RAISE_CEILING, (max(p[1][-1].id for p in puts),))
+    if entry_rows:
+        db.executemany("INSERT INTO entries VALUES (?,?,?,?,?,0)", entry_rows)
+    if updates:
+        db.executemany(
+            "UPDATE entries SET priority=?, attempts=?, due=?, state=? WHERE grp=? AND id=?",
+            updates,
+        )
+    if gone is not None:
+        deletes = [d for d in deletes if d in gone]
+    removed = 0
+    if deletes:
+        removed = db.executemany("DELETE FROM entries WHERE grp=? AND id=?", deletes).rowcount
+    return len(entry_rows) - removed
+
+
+def _structural(db: sqlite3.Connection, op: tuple[Any, ...]) -> int:
+    """One change to topics or groups; returns the change in entries on disk."""
+    kind = op[0]
+    if kind == "T+":
+        _, tid, name, backlog = op
+        db.execute("INSERT INTO topics (id, name) VALUES (?, ?)", (tid, name))
+        db.execute("INSERT INTO groups (id, topic, name) VALUES (?, ?, NULL)", (backlog, tid))
+    elif kind == "G+":
+        _, gid, tid, name = op
+        db.execute("INSERT INTO groups (id, topic, name) VALUES (?, ?, ?)", (gid, tid, name))
+    elif kind == "F":
+        _, backlog, gids = op
+        if gids:
+            db.execute(
+                "UPDATE messages SET refs = refs + ? WHERE id IN "
+                "(SELECT id FROM entries WHERE grp = ?)",
+                (len(gids), backlog),
+            )
+        added = 0
+        for gid in gids:
+            added += db.execute(
+                "INSERT INTO entries SELECT ?, id, priority, attempts, due, state "
+                "FROM entries WHERE grp = ?",
+                (gid, backlog),
+            ).rowcount
+        return added - db.execute("DELETE FROM entries WHERE grp = ?", (backlog,)).rowcount
+    elif kind == "G-":
+        gone = db.execute("DELETE FROM entries WHERE grp = ?", (op[1],)).rowcount
+        db.execute("DELETE FROM groups WHERE id = ?", (op[1],))
+        return -gone
+    elif kind == "T-":
+        tid = op[1]
+        gone = db.execute(
+            "DELETE FROM entries WHERE grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,)
+        ).rowcount
+        db.execute("DELETE FROM groups WHERE topic = ?", (tid,))
+        db.execute("DELETE FROM topics WHERE id = ?", (tid,))
+        return -gone
+    elif kind == "C":
+        return -db.execute("DELETE FROM entries WHERE grp = ?", (op[1],)).rowcount
+    elif kind == "PT":
+        db.execute("UPDATE topics SET paused = ? WHERE id = ?", (op[2], op[1]))
+    elif kind == "PG":
+        db.execute("UPDATE groups SET paused = ? WHERE id = ?", (op[2], op[1]))
+    elif kind == "R":
+        db.execute(_RAISE_CEILING, (op[1],))
+    else:  # pragma: no cover - a programming error, not input
+        raise ValueError(f"unknown store op {kind!r}")
+    return 0
