@@ -65,16 +65,23 @@ class Gateway:
             return "stopping"
         if not self.serving:
             return "starting"
+        if self.store is not None and self.store.failed is not None:
+            return "store-failing"
         return "draining" if self.beanstalk.draining else "serving"
 
     def __post_init__(self) -> None:
         s = self.settings
         if self.store is None:
-            self.store = open_store(s.store or "memory://")
+            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync)
         if self.ssl_context is None and s.tls_cert and s.tls_key:
             self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
-        self.broker = Broker(self.store, max_attempts=s.broker.max_attempts)
+        self.broker = Broker(
+            self.store,
+            max_attempts=s.broker.max_attempts,
+            memory_window=s.storage.memory_window,
+        )
         self.metrics.watch_broker(self.broker, s.metrics.max_series)
+        self.metrics.watch_store(self.broker)
         self.nsq = self._nsq_server()
         self.beanstalk = BeanstalkServer(
             self.broker,

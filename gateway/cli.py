@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway import __version__, config
 from gateway.app import Gateway
+from gateway.stores import StoreError
 
 _LISTENER_FLAGS = ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq")
 
@@ -27,8 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    serve.add_argument("--data-dir", metavar="DIR")
-    serve.add_argument("--store", metavar="URL", help="memory://")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="where the durable store keeps its data (default ./data; created if missing)",
+    )
+    serve.add_argument(
+        "--store",
+        metavar="URL",
+        help="memory:// (nothing survives a restart) or sqlite:///abs/path.db; "
+        "default: the durable store in --data-dir",
+    )
     for name in _LISTENER_FLAGS:
         serve.add_argument(
             f"--{name}", metavar="ADDR", help="host:port, port 0 = any free port, 'off' = disabled"
@@ -95,18 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if settings.store is None:
-        logging.getLogger("gateway").warning(
-            "no --store given: using memory:// (this build has no durable store yet)"
-        )
     _tune_gc()
     failed: list[BaseException] = []
     try:
         gateway = Gateway(settings)
         trio.run(_serve, gateway)
-    except* OSError as group:
-        # a port in use, an unreadable certificate: one line each, not a traceback
-        # (the listeners bind inside nurseries, so the error arrives in a group)
+    except* (OSError, StoreError) as group:
+        # a port in use, an unreadable certificate, a data dir that cannot be used: one
+        # line each, not a traceback (the listeners bind inside nurseries, so the error
+        # arrives in a group)
         failed.extend(_leaves(group))
     for exc in failed:
         print(f"error: {exc}", file=sys.stderr)

@@ -157,6 +157,27 @@ class MetricsSettings(_Section):
     max_series: int = Field(1000, ge=1)
 
 
+class StorageSettings(_Section):
+    """The durable store (`--store` unset: SQLite in `data_dir`; docs/storage.md)."""
+
+    # fsync policy, as beanstalkd's -f: "always" (acknowledge only after fsync: survives
+    # power loss), an interval in ms (fsync at least that often), or "never" (the OS
+    # decides). Every policy acknowledges a publish only once it is written to the OS,
+    # so killing the gateway never loses an acknowledged message.
+    fsync: Literal["always", "never"] | int = 50
+    # ready messages per group kept in memory; the rest stay on disk and are paged in
+    memory_window: int = Field(10_000, ge=100)
+
+    @field_validator("fsync", mode="before")
+    @classmethod
+    def _fsync(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError('fsync interval must be at least 1 ms (or "always" / "never")')
+        return value
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -181,7 +202,17 @@ class Settings(_Section):
     nats_server: NATSServerSettings = Field(default_factory=NATSServerSettings)
     nats_routing: NATSRoutingSettings = Field(default_factory=NATSRoutingSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str | None) -> str | None:
+        if value is not None:
+            from gateway.stores import check_store_url
+
+            check_store_url(value)
+        return value
 
     @field_validator("nsq", "http", "beanstalk", "nats", "nats_route")
     @classmethod
@@ -226,6 +257,7 @@ _SECTIONS = {
     "nats_server": NATSServerSettings,
     "nats_routing": NATSRoutingSettings,
     "broker": BrokerSettings,
+    "storage": StorageSettings,
     "metrics": MetricsSettings,
 }
 

@@ -52,6 +52,12 @@ class Metrics:
 
         self.registry.register(BrokerCollector(broker, max_series))  # type: ignore[arg-type]
 
+    def watch_store(self, broker: object) -> None:
+        """Export the store's figures (commit latency, fsyncs, bytes and messages on disk)."""
+        from gateway.metrics_store import StoreCollector
+
+        self.registry.register(StoreCollector(broker))  # type: ignore[arg-type]
+
     def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
         """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...)."""
         text = frame_text.decode("latin-1") if isinstance(frame_text, bytes) else frame_text
