@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.http.gocompat import QueryError, go_json, parse_query
 from gateway.metrics import Metrics
+from gateway.stores.base import StoreError
 
 log = logging.getLogger("gateway.http")
 
@@ -213,6 +214,10 @@ class Router:
             return await handler(request)
         except HTTPError as exc:
             return self._error(exc.status, exc.message)
+        except StoreError:
+            # the store cannot write (disk full, I/O error): nothing was acknowledged, the
+            # client may retry; 503 as nsqd answers a publish it cannot take
+            return self._error(503, "E_PUB_FAILED")
         except ClientGone:
             raise
         except Exception:

@@ -23,6 +23,7 @@ from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk import stats
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
+from gateway.stores.base import StoreError
 from gateway.tcp import receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.beanstalk")
@@ -122,6 +123,7 @@ class BeanstalkSession:
         """Apply every complete command; False when the connection must close."""
         codec = self.codec
         out = self._out
+        start = len(out)
         published = False
         keep_open = True
         while (event := codec.next_event()) is not None:
@@ -131,9 +133,10 @@ class BeanstalkSession:
                 published = published or reply[0:1] == b"I"
             elif cls is ev.Reserve or cls is ev.ReserveWithTimeout:
                 if published:
-                    await self.server.broker.flush()
+                    await self._commit(start)
                     published = False
                 reply = await self._reserve(event)
+                start = len(self._out)  # what came before is committed (or refused)
             elif cls is ev.Quit:
                 keep_open = False
                 break
@@ -146,9 +149,21 @@ class BeanstalkSession:
                 keep_open = False
                 break
         if published:
-            await self.server.broker.flush()  # group commit before INSERTED goes out
+            await self._commit(start)  # group commit before INSERTED goes out
         await self._flush()
         return keep_open
+
+    async def _commit(self, start: int) -> None:
+        """Flush the store; if it cannot write, every INSERTED since `start` becomes
+        INTERNAL_ERROR, beanstalkd's reply when its binlog write fails."""
+        try:
+            await self.server.broker.flush()
+        except StoreError:
+            out = self._out
+            for i in range(start, len(out)):
+                if out[i].startswith(b"INSERTED"):
+                    out[i] = bc.INTERNAL_ERROR
+                    self._metrics.protocol_error("beanstalk", b"INTERNAL_ERROR")
 
     def _report_bytes(self) -> None:
         self._bytes_in_counter.inc(self._unreported_in)
@@ -189,14 +204,20 @@ class BeanstalkSession:
             return bc.DRAINING
         self.is_producer = True
         server.ensure_tube(self.used)
-        (msg,) = server.broker.publish(
-            self.used,
-            [event.body],
-            delay=float(event.delay),
-            priority=event.pri,
-            ttr=float(event.ttr),
-            origin=self._origin,
-        )
+        try:
+            (msg,) = server.broker.publish(
+                self.used,
+                [event.body],
+                delay=float(event.delay),
+                priority=event.pri,
+                ttr=float(event.ttr),
+                origin=self._origin,
+            )
+        except StoreError:
+            # the store cannot write: refused before anything is queued, as beanstalkd
+            # answers a put it cannot reserve binlog space for
+            self._metrics.protocol_error("beanstalk", b"OUT_OF_MEMORY")
+            return bc.OUT_OF_MEMORY
         return bc.inserted(msg.id)
 
     # -- reserve -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.server import VERSION, NATSServer
+from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription, matches
 from gateway.tcp import QueuedWriter, receive, socket_fd
 
@@ -267,16 +268,22 @@ class NATSClientSession(QueuedWriter):
     ) -> None:
         broker = self.server.broker
         topic = query.topic(broker, subject)
-        broker.publish(
-            subject,
-            [payload],
-            headers=parse_headers(block) if block else None,
-            header_block=block,
-            reply_to=reply,
-            origin=self._origin,
-            create=False,
-            publisher=self,
-        )
+        try:
+            broker.publish(
+                subject,
+                [payload],
+                headers=parse_headers(block) if block else None,
+                header_block=block,
+                reply_to=reply,
+                origin=self._origin,
+                create=False,
+                publisher=self,
+            )
+        except StoreError:
+            # a subject a queue keeps, and the store cannot write: nothing was queued; the
+            # connection stays up (NATS publishes are at most once)
+            self._error("Store Unavailable")
+            return
         if reply and self.no_responders:
             kept = topic is not None and query.has_groups(topic)
             if not kept and not broker.taps.interested(subject):

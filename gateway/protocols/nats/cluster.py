@@ -29,6 +29,7 @@ from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.client_session import parse_headers
 from gateway.protocols.nats.route_session import ACCOUNT, RouteSession
 from gateway.protocols.nats.server import VERSION
+from gateway.stores.base import StoreError
 from gateway.subjects import SubjectIndex, is_valid_subscription
 from gateway.tcp import peer_name
 
@@ -349,6 +350,15 @@ class Cluster:
         first = msgs[0]
         if first.account != ACCOUNT:
             return
+        try:
+            self._publish_routed(route, msgs)
+        except StoreError as exc:
+            # at most once, as on any NATS path: dropped, counted, logged once per failure
+            self.metrics.protocol_error("nats-route", "store_unavailable")
+            log.debug("route %s: %d messages dropped: %s", route.origin, len(msgs), exc)
+
+    def _publish_routed(self, route: RouteSession, msgs: list[ev.Msg]) -> None:
+        first = msgs[0]
         subject = first.subject
         header = first.header
         self.broker.publish(

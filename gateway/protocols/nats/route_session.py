@@ -18,6 +18,7 @@ or HMSG per message, naming the queue groups this route was chosen for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from gateway.model import Message
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.client_session import encode_headers
+from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription
 from gateway.tcp import QueuedWriter, receive, socket_fd
 
@@ -173,7 +175,8 @@ class RouteSession(QueuedWriter):
             if self._received_messages:
                 # at-most-once for NATS, but a durable store still commits in groups
                 self._received_messages = False
-                await broker.flush()
+                with contextlib.suppress(StoreError):  # at most once: nothing to answer
+                    await broker.flush()
             if not ok:
                 return
             if not self._sending:

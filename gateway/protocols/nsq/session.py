@@ -42,6 +42,7 @@ from gateway.protocols.nsq.negotiation import (
     negotiation_response,
 )
 from gateway.protocols.nsq.server import NSQServer
+from gateway.stores.base import StoreError
 from gateway.tcp import receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.nsq")
@@ -197,7 +198,9 @@ class NSQSession:
         """
         codec = self.codec
         out = self._out
+        start = len(out)
         published = False
+        failed: StoreError | None = None
         got_command = False
         self._holding = True
         deadline, self._read_deadline = self._read_deadline, math.inf  # not while processing
@@ -257,9 +260,14 @@ class NSQSession:
                 self.group.pump()  # refill the window once for the whole batch of FINs
             if published:
                 # Group commit: one store flush acknowledges every publish of this batch.
-                await self.server.broker.flush()
+                try:
+                    await self.server.broker.flush()
+                except StoreError as exc:
+                    failed = exc
             self._holding = False
             del out
+        if failed is not None:
+            self._pub_failed(start, failed)
         if self._out:
             if self._sending:
                 self._wake.set()
@@ -270,14 +278,24 @@ class NSQSession:
                 await self._flush_output()
 
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
-        self.server.broker.publish(
-            topic,
-            bodies,
-            delay=delay,
-            origin=f"nsq {self.remote}",
-            ephemeral=is_ephemeral(topic),
-        )
+        try:
+            self.server.broker.publish(
+                topic,
+                bodies,
+                delay=delay,
+                origin=f"nsq {self.remote}",
+                ephemeral=is_ephemeral(topic),
+            )
+        except StoreError as exc:
+            self._pub_failed(len(self._out), exc)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def _pub_failed(self, start: int, exc: StoreError) -> None:
+        """The store cannot write: no OK of this batch goes out, and the client gets
+        nsqd's fatal E_PUB_FAILED (nsqd closes the connection after it too)."""
+        out = self._out
+        out[start:] = [frame for frame in out[start:] if frame is not OK_FRAME]
+        raise _Close(error_frame(f"E_PUB_FAILED PUB failed {exc}".encode()))
 
     def _fins(self, msg_ids: list[bytes]) -> None:
         group = self.group
