@@ -23,8 +23,8 @@ from gateway.app import Gateway
 from tests.deploy.support import DEPLOY, Query, grafana_queries, parse_promql
 from tests.helpers import RawBeanstalk, RawNSQ, be32, read_until
 
-# The durable store's figures (issue 13 names them; the storage work adds them). The check
-# is strict for these too: test_store_metrics_exist fails until they are exported.
+# The durable store's figures (gateway/metrics_store.py), with the type the rules and the
+# dashboard assume: test_store_metrics_exist checks them and their queries on their own.
 STORE_METRICS = {
     "gateway_store_commit_seconds": "histogram",
     "gateway_store_write_errors_total": "counter",
@@ -180,8 +180,7 @@ async def test_every_metric_the_rules_and_the_dashboard_read_exists(tmp_path: Pa
 
 
 async def test_store_metrics_exist(tmp_path: Path) -> None:
-    # the same check for the durable store's metrics, kept apart so that this one alone
-    # fails while the store does not export them yet
+    # the same check for the queries on the durable store's metrics, plus their types
     queries = [q for q in _queries() if _reads_the_store(q)]
     assert len(queries) >= 5
     exported = await _scrape(tmp_path)
