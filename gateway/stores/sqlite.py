@@ -83,6 +83,7 @@ _COLUMNS = (
 )
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed commit
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
+_MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
 
 
 class _Topic:
@@ -355,14 +356,24 @@ class SQLiteStore(Store):
         # no checkpoint when there is nothing to wait for: the publish hot path
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background commits (records nobody awaits), the fsync timer of an interval
+        policy, and space reclaim."""
         task_status.started()
         retry = _RETRY_FIRST
         interval = self.fsync / 1000 if isinstance(self.fsync, int) else None
-        last_vacuum = trio.current_time()
+        next_maintenance = trio.current_time() + _MAINTAIN_IDLE
         while True:
             if not self._ops:
-                deadline = self._last_fsync + interval if (interval and self._unsynced) else None
-                with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                wake_at = next_maintenance
+                if interval is not None and self._unsynced:
+                    # the WAL must reach the disk within the interval of the first commit
+                    # it has not fsynced yet
+                    wake_at = min(
+                        wake_at,
+                        trio.current_time()
+                        + max(0.0, self._last_fsync + interval - time.monotonic()),
+                    )
+                with trio.move_on_at(wake_at):
                     await self._wake.wait()
                 self._wake = trio.Event()
             if self._committing:
@@ -379,11 +390,16 @@ class SQLiteStore(Store):
                 and self._unsynced
                 and time.monotonic() - self._last_fsync >= interval
             ):
-                await self._in_thread(self._fsync_wal)
-            if trio.current_time() - last_vacuum > 10.0:
-                last_vacuum = trio.current_time()
+                with contextlib.suppress(OSError):
+                    await self._in_thread(self._fsync_wal)
+            if trio.current_time() >= next_maintenance:
+                freed = False
                 with contextlib.suppress(sqlite3.Error, OSError):
-                    await self._in_thread(self._maintain)
+                    freed = await self._in_thread(self._maintain)
+                # while there is much to give back, a slice every second
+                next_maintenance = trio.current_time() + (
+                    _MAINTAIN_BUSY if freed else _MAINTAIN_IDLE
+                )
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
@@ -452,16 +468,19 @@ class SQLiteStore(Store):
         self._unsynced = False
         self._stats.fsyncs += 1
 
-    def _maintain(self) -> None:
+    def _maintain(self) -> bool:
         """Give finished messages' pages back to the file system, a bounded amount at a
         time (SQLite reuses free pages anyway; this shrinks the file after a backlog)."""
         db = self._db
         assert db is not None
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         if free > _VACUUM_PAGES // 4:
-            db.execute(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})").fetchall()
+            # executescript: sqlite3's execute() steps a statement that returns no rows
+            # once, and incremental_vacuum frees one page per step
+            db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         self._stats.disk_bytes = self._disk_bytes()
+        return free > _VACUUM_PAGES // 4
 
     def _disk_bytes(self) -> int:
         total = 0
