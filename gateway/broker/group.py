@@ -396,7 +396,7 @@ class Group:
         self.finish_count += 1
         c.counts[ACKNOWLEDGED] += 1
         c.latency.observe_ns(time.time_ns() - entry.message.timestamp)
-        self.journal.removed(self, (msg_id,))
+        self.journal.removed(self, (entry.message,))
         self._deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
@@ -415,7 +415,7 @@ class Group:
         del self.in_flight[msg.id]
         self.finish_count += 1
         entry.consumer.counts[ACKNOWLEDGED] += 1
-        self.journal.removed(self, (msg.id,))
+        self.journal.removed(self, (msg,))
         self._release_slot(entry.consumer)
 
     def _release_slot(self, c: Consumer) -> None:
@@ -448,9 +448,10 @@ class Group:
         stats = msg.job_stats()
         stats.releases += 1
         stats.delay = int(delay)
+        was = msg.priority
         if priority is not None:
             msg.priority = priority
-        self._return(msg, delay, trio.current_time())
+        self._return(msg, delay, trio.current_time(), was)
         self._release_slot(entry.consumer)
         if pump:
             self._dispatch()
@@ -475,25 +476,29 @@ class Group:
             return entry  # type: ignore[return-value]
         assert isinstance(entry, InFlight)
         del self.in_flight[msg_id]
+        was = entry.message.priority
         if priority is not None:
             entry.message.priority = priority
         entry.consumer.counts[BURIED] += 1
-        self._bury(entry.message)
+        self._bury(entry.message, was)
         self._release_slot(entry.consumer)
         self._dispatch()
         return Outcome.OK
 
-    def _bury(self, msg: Message) -> None:
+    def _bury(self, msg: Message, priority_was: int | None = None) -> None:
         msg.deliver_at = 0.0
         self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
-        self.journal.changed(self, msg, buried=True)
+        self.journal.changed(self, msg, buried=True, priority_was=priority_was)
 
-    def _return(self, msg: Message, delay: float, now: float) -> None:
-        """Back to ready or deferred after a requeue or timeout; past max_attempts, buried."""
+    def _return(
+        self, msg: Message, delay: float, now: float, priority_was: int | None = None
+    ) -> None:
+        """Back to ready or deferred after a requeue or timeout; past max_attempts, buried.
+        `priority_was`: the priority last recorded, when a release changed it."""
         if self.max_attempts and msg.attempts >= self.max_attempts:
-            self._bury(msg)
+            self._bury(msg, priority_was)
             return
         if delay > 0:
             msg.deliver_at = now + delay
@@ -501,7 +506,7 @@ class Group:
         else:
             msg.deliver_at = 0.0
             self._push_ready(msg)
-        self.journal.changed(self, msg)
+        self.journal.changed(self, msg, priority_was=priority_was)
 
     # -- dead letters ----------------------------------------------------------
 
@@ -570,9 +575,10 @@ class Group:
 
     def delete(self, msg_id: int) -> bool:
         """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
-        if self._unqueue(msg_id) is None:
+        msg = self._unqueue(msg_id)
+        if msg is None:
             return False
-        self.journal.removed(self, (msg_id,))
+        self.journal.removed(self, (msg,))
         return True
 
     def empty(self) -> None:

@@ -65,10 +65,23 @@ class Journal:
             return
         self.store.put(topic.name, names, messages, to_wall(messages[0].deliver_at))
 
-    def changed(self, group: Group, message: Message, *, buried: bool = False) -> None:
-        """Attempts (a delivery), priority, delay or burial of one message changed."""
+    def changed(
+        self,
+        group: Group,
+        message: Message,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
+    ) -> None:
+        """Attempts (a delivery), priority (then `priority_was` is the old one), delay or
+        burial of one message changed."""
         self.store.update(
-            group.topic.name, group.name, message, to_wall(message.deliver_at), buried=buried
+            group.topic.name,
+            group.name,
+            message,
+            to_wall(message.deliver_at),
+            buried=buried,
+            priority_was=priority_was,
         )
 
     def delivered(self, group: Group, message: Message) -> None:
@@ -76,11 +89,11 @@ class Journal:
         # crash now brings it back with attempts + 1
         self.store.update(group.topic.name, group.name, message, 0.0)
 
-    def removed(self, group: Group, ids: Iterable[int]) -> None:
-        self.store.remove(group.topic.name, group.name, ids)
+    def removed(self, group: Group, messages: Iterable[Message]) -> None:
+        self.store.remove(group.topic.name, group.name, messages)
 
-    def backlog_removed(self, topic: Topic, ids: Iterable[int]) -> None:
-        self.store.remove(topic.name, None, ids)
+    def backlog_removed(self, topic: Topic, messages: Iterable[Message]) -> None:
+        self.store.remove(topic.name, None, messages)
 
     def ids_used(self, last_id: int) -> None:
         if last_id > self._ceiling:
@@ -126,16 +139,23 @@ class _NullJournal(Journal):
     def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
         pass
 
-    def changed(self, group: Group, message: Message, *, buried: bool = False) -> None:
+    def changed(
+        self,
+        group: Group,
+        message: Message,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
+    ) -> None:
         pass
 
     def delivered(self, group: Group, message: Message) -> None:
         pass
 
-    def removed(self, group: Group, ids: Iterable[int]) -> None:
+    def removed(self, group: Group, messages: Iterable[Message]) -> None:
         pass
 
-    def backlog_removed(self, topic: Topic, ids: Iterable[int]) -> None:
+    def backlog_removed(self, topic: Topic, messages: Iterable[Message]) -> None:
         pass
 
     def ids_used(self, last_id: int) -> None:

@@ -99,7 +99,7 @@ class Topic:
         for i, msg in enumerate(self.backlog):
             if msg.id == msg_id:
                 del self.backlog[i]
-                self.journal.backlog_removed(self, (msg_id,))
+                self.journal.backlog_removed(self, (msg,))
                 return msg
         return None
 

@@ -108,14 +108,23 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def update(
-        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+        self,
+        topic: str,
+        group: str,
+        message: Message,
+        due: float = 0.0,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
     ) -> None:
-        """A message's per-group fields changed: attempts (a delivery), priority, `due`
-        (a requeue with a delay) or burial (`buried`; False also means kicked)."""
+        """A message's per-group fields changed: attempts (a delivery), priority (then
+        `priority_was` is the one last recorded), `due` (a requeue with a delay) or burial
+        (`buried`; False also means kicked)."""
 
     @abc.abstractmethod
-    def remove(self, topic: str, group: str | None, ids: Iterable[int]) -> None:
-        """Messages acknowledged or deleted (`group` None: from the topic's backlog)."""
+    def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
+        """Messages acknowledged or deleted (`group` None: from the topic's backlog). Their
+        priority is the one last recorded."""
 
     @abc.abstractmethod
     def add_topic(self, topic: str) -> None: ...

@@ -104,7 +104,14 @@ class MemoryStore(Store):
             self._last_id = last
 
     def update(
-        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+        self,
+        topic: str,
+        group: str,
+        message: Message,
+        due: float = 0.0,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
     ) -> None:
         g = self._group(self._topic(topic), group)
         g.messages[message.id] = (message, message.attempts, message.priority, due)
@@ -113,20 +120,20 @@ class MemoryStore(Store):
         else:
             g.buried.discard(message.id)
 
-    def remove(self, topic: str, group: str | None, ids: Iterable[int]) -> None:
+    def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         t = self._topics.get(topic)
         if t is None:
             return
         if group is None:
-            for i in ids:
-                t.backlog.pop(i, None)
+            for m in messages:
+                t.backlog.pop(m.id, None)
             return
         g = t.groups.get(group)
         if g is None:
             return
-        for i in ids:
-            g.messages.pop(i, None)
-            g.buried.discard(i)
+        for m in messages:
+            g.messages.pop(m.id, None)
+            g.buried.discard(m.id)
 
     def add_topic(self, topic: str) -> None:
         self._topic(topic)

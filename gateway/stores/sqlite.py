@@ -13,17 +13,14 @@ commit, before any publish in it is acknowledged); an interval in ms is synchron
 (every commit is written to the OS before its publishes are acknowledged, so kill -9 loses
 nothing) plus an fsync of the WAL at least that often; "never" leaves it to the OS.
 
-Tables: `messages` holds each body once, with `refs` = the number of entries that point at
-it; `entries` holds one row per (group, message) with the per-group fields; a trigger
-drops a message row when its last entry goes. A topic's backlog is a group row without a
-name. A partial index over ready entries is the paging order.
+The tables and the thread's side of writing and reading are in sqlite_sql.py. A topic's
+backlog is a group row without a name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -35,6 +32,7 @@ from typing import Any, Literal
 import trio
 
 from gateway.model import Message
+from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Key,
     Store,
@@ -72,18 +70,10 @@ CREATE TRIGGER IF NOT EXISTS entries_gone AFTER DELETE ON entries BEGIN
 END;
 """
 
-_READY, _BURIED = 0, 1
-_RAISE_CEILING = (
-    "INSERT INTO meta VALUES ('id_ceiling', ?)"
-    " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
-)
-_COLUMNS = (
-    "e.id, e.priority, e.attempts, e.due, m.ts, m.ttr, m.body, m.origin, m.reply_to,"
-    " m.headers, m.header_block"
-)
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed commit
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
 _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
+_BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 
 
 class _Topic:
@@ -147,7 +137,7 @@ class SQLiteStore(Store):
             # the WAL file is cut back after checkpoints, so finished work gives space back
             db.execute("PRAGMA journal_size_limit = 16777216")
             db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
-            db.executescript(_SCHEMA)
+            db.executescript(sql.SCHEMA)
             self._db = db
             return self._recover(db, window)
         except sqlite3.DatabaseError as exc:
@@ -178,7 +168,7 @@ class SQLiteStore(Store):
         state = StoredState()
         row = db.execute("SELECT value FROM meta WHERE key = 'id_ceiling'").fetchone()
         ceiling = row[0] if row else 0
-        row = db.execute("SELECT max(id) FROM messages").fetchone()
+        row = db.execute("SELECT max(last) FROM batches").fetchone()
         state.last_id = self._id_ceiling = max(ceiling, row[0] or 0)
         names: dict[int, str] = {}
         for tid, name, paused in db.execute("SELECT id, name, paused FROM topics"):
@@ -197,7 +187,7 @@ class SQLiteStore(Store):
                     t = self._topics[topic_name] = _Topic(tid, gid)
                 else:
                     t.backlog = gid
-                st.backlog = self._select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
+                st.backlog = sql.select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
                 continue
             if t is None:
                 t = self._topics[topic_name] = _Topic(tid, 0)
@@ -207,17 +197,17 @@ class SQLiteStore(Store):
                 "SELECT count(*) FROM entries WHERE grp = ? AND state = 0 AND due = 0", (gid,)
             ).fetchone()[0]
             limit = window if window > 0 else -1
-            sg.ready = self._select(
+            sg.ready = sql.select(
                 db,
                 topic_name,
-                "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.priority, e.id LIMIT ?",
+                "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.grp, e.priority, e.id LIMIT ?",
                 (gid, limit),
             )
             sg.spilled = ready - len(sg.ready)
-            sg.ready += self._select(
+            sg.ready += sql.select(
                 db, topic_name, "e.grp = ? AND e.state = 0 AND e.due > 0", (gid,)
             )
-            sg.buried = self._select(
+            sg.buried = sql.select(
                 db, topic_name, "e.grp = ? AND e.state = 1 ORDER BY e.id", (gid,)
             )
         for t in self._topics.values():
@@ -228,13 +218,6 @@ class SQLiteStore(Store):
         self._stats.messages_on_disk = db.execute("SELECT count(*) FROM entries").fetchone()[0]
         self._stats.disk_bytes = self._disk_bytes()
         return state
-
-    @staticmethod
-    def _select(
-        db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...]
-    ) -> list[Message]:
-        sql = f"SELECT {_COLUMNS} FROM entries e JOIN messages m ON m.id = e.id WHERE {where}"
-        return [_message(row, topic) for row in db.execute(sql, args)]
 
     # -- recording (event loop, synchronous, cheap) ----------------------------
 
@@ -265,20 +248,28 @@ class SQLiteStore(Store):
         self._record(("P", gids, messages, due, fields))
 
     def update(
-        self, topic: str, group: str, message: Message, due: float = 0.0, *, buried: bool = False
+        self,
+        topic: str,
+        group: str,
+        message: Message,
+        due: float = 0.0,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
     ) -> None:
-        t = self._topics[topic]
-        gid = t.groups[group]
-        state = _BURIED if buried else _READY
-        self._record(("U", (message.priority, message.attempts, due, state, gid, message.id)))
+        gid = self._topics[topic].groups[group]
+        state = sql.BURIED if buried else sql.READY
+        priority = message.priority
+        was = priority if priority_was is None else priority_was
+        self._record(("U", (priority, message.attempts, due, state, gid, was, message.id)))
 
-    def remove(self, topic: str, group: str | None, ids: Iterable[int]) -> None:
+    def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         t = self._topics.get(topic)
         if t is None:
             return
         gid = t.backlog if group is None else t.groups.get(group)
         if gid is not None:
-            self._record(("D", gid, ids if isinstance(ids, tuple) else tuple(ids)))
+            self._record(("D", gid, [(m.priority, m.id) for m in messages]))
 
     def add_topic(self, topic: str) -> None:
         if topic not in self._topics:
@@ -376,6 +367,10 @@ class SQLiteStore(Store):
                 with trio.move_on_at(wake_at):
                     await self._wake.wait()
                 self._wake = trio.Event()
+            if self._ops and not self._committing:
+                # records nobody waits for (finishes, deliveries): let a few milliseconds'
+                # worth gather into one commit; a publish's flush commits at once anyway
+                await trio.sleep(_BACKGROUND_DELAY)
             if self._committing:
                 await self._committed_event.wait()
             elif self._ops:
@@ -447,7 +442,7 @@ class SQLiteStore(Store):
         assert db is not None
         db.execute("BEGIN")
         try:
-            delta = _apply(db, ops)
+            delta = sql.apply(db, ops)
             db.execute("COMMIT")
             self._write_done = ops
         except BaseException:
@@ -495,13 +490,13 @@ class SQLiteStore(Store):
         if gid is None:
             return []
         where = (
-            "e.grp = ? AND e.state = 0 AND e.due = 0 AND (e.priority, e.id) >= (?, ?)"
-            " ORDER BY e.priority, e.id LIMIT ?"
+            "e.grp = ? AND (e.priority, e.id) >= (?, ?) AND e.state = 0 AND e.due = 0"
+            " ORDER BY e.grp, e.priority, e.id LIMIT ?"
         )
         db = self._db
         assert db is not None
         args = (gid, after[0], after[1], limit)
-        return await self._in_thread(self._select, db, topic, where, args)
+        return await self._in_thread(sql.select, db, topic, where, args)
 
     def stats(self) -> StoreStats:
         stats = self._stats
@@ -548,146 +543,3 @@ class SQLiteStore(Store):
         if self._wal_fd is not None:
             os.close(self._wal_fd)
             self._wal_fd = None
-
-
-def _message(row: tuple[Any, ...], topic: str) -> Message:
-    mid, priority, attempts, due, ts, ttr, body, origin, reply_to, headers, block = row
-    msg = Message(
-        mid,
-        topic,
-        body,
-        ts,
-        [tuple(h) for h in json.loads(headers)] if headers else None,  # type: ignore[misc]
-        attempts,
-        priority,
-        due,
-        ttr,
-        reply_to,
-        origin,
-    )
-    msg.header_block = block
-    return msg
-
-
-def _apply(db: sqlite3.Connection, ops: list[tuple[Any, ...]]) -> int:
-    """Write a commit's ops in order. Runs of puts, updates and deletes between two
-    structural changes go in one executemany each: puts, then updates, then deletes, which
-    is the order every message goes through them. An entry put and deleted within the run
-    (published and finished between two commits) is never written at all. Returns the
-    change in the number of entries on disk."""
-    delta = 0
-    puts: list[tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]] = []
-    updates: list[tuple[Any, ...]] = []
-    deletes: list[tuple[int, int]] = []
-    for op in ops:
-        kind = op[0]
-        if kind == "P":
-            puts.append(op[1:])
-        elif kind == "U":
-            updates.append(op[1])
-        elif kind == "D":
-            gid = op[1]
-            deletes.extend([(gid, i) for i in op[2]])
-        else:
-            if puts or updates or deletes:
-                delta += _run(db, puts, updates, deletes)
-                puts, updates, deletes = [], [], []
-            delta += _structural(db, op)
-    if puts or updates or deletes:
-        delta += _run(db, puts, updates, deletes)
-    return delta
-
-
-def _run(
-    db: sqlite3.Connection,
-    puts: list[tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]],
-    updates: list[tuple[Any, ...]],
-    deletes: list[tuple[int, int]],
-) -> int:
-    gone = set(deletes) if puts and deletes else None
-    message_rows = []
-    entry_rows = []
-    for gids, msgs, due, fields in puts:
-        for m, (priority, attempts) in zip(msgs, fields, strict=True):
-            refs = len(gids)
-            for gid in gids:
-                if gone is not None and (gid, m.id) in gone:
-                    gone.discard((gid, m.id))  # never written: nothing to delete either
-                    refs -= 1
-                    continue
-                entry_rows.append((gid, m.id, priority, attempts, due))
-            if refs:
-                headers = json.dumps(m.headers) if m.headers else None
-                message_rows.append(
-                    (m.id, m.timestamp, m.ttr, m.body, m.origin, m.reply_to, headers,
-                     m.header_block, refs)
-                )  # fmt: skip
-    if message_rows:
-        db.executemany("INSERT INTO messages VALUES (?,?,?,?,?,?,?,?,?)", message_rows)
-    if puts:
-        # the largest id ever stored, kept after its message is gone: ids never repeat
-        db.execute(_RAISE_CEILING, (max(p[1][-1].id for p in puts),))
-    if entry_rows:
-        db.executemany("INSERT INTO entries VALUES (?,?,?,?,?,0)", entry_rows)
-    if updates:
-        db.executemany(
-            "UPDATE entries SET priority=?, attempts=?, due=?, state=? WHERE grp=? AND id=?",
-            updates,
-        )
-    if gone is not None:
-        deletes = [d for d in deletes if d in gone]
-    removed = 0
-    if deletes:
-        removed = db.executemany("DELETE FROM entries WHERE grp=? AND id=?", deletes).rowcount
-    return len(entry_rows) - removed
-
-
-def _structural(db: sqlite3.Connection, op: tuple[Any, ...]) -> int:
-    """One change to topics or groups; returns the change in entries on disk."""
-    kind = op[0]
-    if kind == "T+":
-        _, tid, name, backlog = op
-        db.execute("INSERT INTO topics (id, name) VALUES (?, ?)", (tid, name))
-        db.execute("INSERT INTO groups (id, topic, name) VALUES (?, ?, NULL)", (backlog, tid))
-    elif kind == "G+":
-        _, gid, tid, name = op
-        db.execute("INSERT INTO groups (id, topic, name) VALUES (?, ?, ?)", (gid, tid, name))
-    elif kind == "F":
-        _, backlog, gids = op
-        if gids:
-            db.execute(
-                "UPDATE messages SET refs = refs + ? WHERE id IN "
-                "(SELECT id FROM entries WHERE grp = ?)",
-                (len(gids), backlog),
-            )
-        added = 0
-        for gid in gids:
-            added += db.execute(
-                "INSERT INTO entries SELECT ?, id, priority, attempts, due, state "
-                "FROM entries WHERE grp = ?",
-                (gid, backlog),
-            ).rowcount
-        return added - db.execute("DELETE FROM entries WHERE grp = ?", (backlog,)).rowcount
-    elif kind == "G-":
-        gone = db.execute("DELETE FROM entries WHERE grp = ?", (op[1],)).rowcount
-        db.execute("DELETE FROM groups WHERE id = ?", (op[1],))
-        return -gone
-    elif kind == "T-":
-        tid = op[1]
-        gone = db.execute(
-            "DELETE FROM entries WHERE grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,)
-        ).rowcount
-        db.execute("DELETE FROM groups WHERE topic = ?", (tid,))
-        db.execute("DELETE FROM topics WHERE id = ?", (tid,))
-        return -gone
-    elif kind == "C":
-        return -db.execute("DELETE FROM entries WHERE grp = ?", (op[1],)).rowcount
-    elif kind == "PT":
-        db.execute("UPDATE topics SET paused = ? WHERE id = ?", (op[2], op[1]))
-    elif kind == "PG":
-        db.execute("UPDATE groups SET paused = ? WHERE id = ?", (op[2], op[1]))
-    elif kind == "R":
-        db.execute(_RAISE_CEILING, (op[1],))
-    else:  # pragma: no cover - a programming error, not input
-        raise ValueError(f"unknown store op {kind!r}")
-    return 0

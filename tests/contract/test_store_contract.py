@@ -100,8 +100,9 @@ async def test_put_and_remove(pair: Pair) -> None:
     s = pair.store
     s.add_topic("t")
     s.add_group("t", "g")
-    s.put("t", ["g"], [msg(1), msg(2), msg(3)], 0.0)
-    s.remove("t", "g", [2])
+    m1, m2, m3 = msg(1), msg(2), msg(3)
+    s.put("t", ["g"], [m1, m2, m3], 0.0)
+    s.remove("t", "g", [m2])
     state = await pair.reopened()
     group = state.topics["t"].groups["g"]
     assert ids(group.ready) == [1, 3]
@@ -124,12 +125,13 @@ async def test_backlog_goes_to_the_first_group(pair: Pair) -> None:
 async def test_backlog_fans_out_to_every_group_and_each_keeps_its_copy(pair: Pair) -> None:
     s = pair.store
     s.add_topic("t")
-    s.put("t", [], [msg(1), msg(2)], 0.0)
+    m1, m2 = msg(1), msg(2)
+    s.put("t", [], [m1, m2], 0.0)
     s.add_group("t", "g")
     s.add_group("t", "h")
     s.fan_out_backlog("t", ["g", "h"])
-    s.remove("t", "g", [1, 2])
-    s.remove("t", "h", [1])
+    s.remove("t", "g", [m1, m2])
+    s.remove("t", "h", [m1])
     state = await pair.reopened()
     groups = state.topics["t"].groups
     assert ids(groups["g"].ready) == [] and ids(groups["h"].ready) == [2]
@@ -141,9 +143,10 @@ async def test_one_body_for_several_groups_until_the_last_lets_go(pair: Pair) ->
     s.add_topic("t")
     for g in ("a", "b", "c"):
         s.add_group("t", g)
-    s.put("t", ["a", "b", "c"], [msg(1, b"shared")], 0.0)
-    s.remove("t", "a", [1])
-    s.remove("t", "b", [1])
+    m = msg(1, b"shared")
+    s.put("t", ["a", "b", "c"], [m], 0.0)
+    s.remove("t", "a", [m])
+    s.remove("t", "b", [m])
     state = await pair.reopened()
     groups = state.topics["t"].groups
     assert [m.body for m in groups["c"].ready] == [b"shared"]
@@ -157,7 +160,7 @@ async def test_update_keeps_attempts_priority_delay_and_burial(pair: Pair) -> No
     m1, m2, m3 = msg(1), msg(2), msg(3)
     s.put("t", ["g"], [m1, m2, m3], 0.0)
     m1.attempts, m1.priority = 3, 7
-    s.update("t", "g", m1)
+    s.update("t", "g", m1, priority_was=1024)
     m2.attempts = 5
     s.update("t", "g", m2, buried=True)
     due = time.time() + 3600
@@ -382,4 +385,52 @@ async def test_a_deep_queue_is_paged_through_a_bounded_window(pair: Pair) -> Non
             await trio.testing.wait_all_tasks_blocked()
         assert sink.bodies == [b"urgent"] + [b"%03d" % j for j in range(100)]
         assert g.depth == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_priority_change_is_found_by_the_calls_after_it(pair: Pair) -> None:
+    """beanstalkd release/bury with a new priority: later updates and removals still find
+    the message (a store may key it by priority)."""
+    s = pair.store
+    s.add_topic("t")
+    s.add_group("t", "g")
+    m1, m2, m3 = msg(1), msg(2), msg(3)
+    s.put("t", ["g"], [m1, m2, m3], 0.0)
+    m1.priority = 5
+    s.update("t", "g", m1, priority_was=1024)
+    m1.priority = 9
+    s.update("t", "g", m1, buried=True, priority_was=5)
+    s.remove("t", "g", [m2])
+    state = await pair.reopened()
+    group = state.topics["t"].groups["g"]
+    assert [(m.id, m.priority) for m in group.ready] == [(3, 1024)]
+    assert [(m.id, m.priority) for m in group.buried] == [(1, 9)]
+    pair.store.remove("t", "g", [m1])
+    state = await pair.reopened()
+    assert state.topics["t"].groups["g"].buried == []
+
+
+async def test_released_with_a_new_priority_and_finished_leaves_nothing(pair: Pair) -> None:
+    async with trio.open_nursery() as nursery:
+        b = Broker(await pair.handover())
+        await b.open()
+        await nursery.start(b.run)
+        g = b.group("t", "g")
+        sink = Collector()
+        c = g.attach(sink, 60)
+        b.publish("t", [b"a", b"b"], priority=100)
+        first = g.take(c)
+        assert first is not None
+        g.requeue(c, first.id, 0, priority=3)
+        again = g.take(c)
+        assert again is first and again.priority == 3
+        g.bury(c, first.id, priority=7)
+        assert g.kick(1) == 1
+        assert g.take(c) is first
+        g.finish(c, first.id)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        b2 = await restart(pair, b, nursery)
+        g2 = b2.topics["t"].groups["g"]
+        assert [m.body for m in g2.ready] == [b"b"] and not g2.buried
         nursery.cancel_scope.cancel()
