@@ -8,7 +8,6 @@ sink, which only queues bytes and wakes its connection's writer.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from enum import IntEnum
@@ -22,15 +21,14 @@ from gateway.broker.deadlines import Deadlines
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.ready import ReadyQueue
 from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
+from gateway.broker.window import NO_KEY, MemoryWindow
 from gateway.model import Message
-from gateway.stores.base import Key, StoreError
+from gateway.stores.base import Key
 
 if TYPE_CHECKING:
     from gateway.broker.topic import Topic
 
 _INF = float("inf")
-_NO_KEY: Key = (-1, -1)
-log = logging.getLogger("gateway.broker")
 
 
 class Outcome(IntEnum):
@@ -91,7 +89,7 @@ class InFlight:
         self.delivered_at = now
 
 
-class Group:
+class Group(MemoryWindow):
     def __init__(
         self, topic: Topic, name: str, *, ephemeral: bool = False, max_attempts: int = 0
     ) -> None:
@@ -111,7 +109,7 @@ class Group:
         # They count as ready everywhere a count is shown.
         self.window = 0  # set below, once the journal is known
         self.spilled = 0
-        self.spill_from: Key = _NO_KEY
+        self.spill_from: Key = NO_KEY
         self._paging = False  # a page-in is under way
         self._dropped_min: Key | None = None  # the least key spilled during it
         self._generation = 0  # bumped by empty(): a page-in that began before is void
@@ -155,87 +153,6 @@ class Group:
                     msg.deliver_at = 0.0
                     ready.push(msg)
         self._dispatch()
-
-    # -- the memory window (paging stores) -------------------------------------
-
-    def _spill(self, messages: list[Message]) -> list[Message]:
-        """Leave on disk (already recorded) the ready ones past the window; returns the
-        ones to keep in memory. Deferred messages always stay in memory."""
-        keep: list[Message] = []
-        for msg in messages:
-            if msg.deliver_at == 0.0 and self._spills((msg.priority, msg.id), len(keep)):
-                continue
-            keep.append(msg)
-        return keep
-
-    def _spills(self, key: Key, adding: int) -> bool:
-        """Whether a ready message with `key` stays on disk only (and is counted there)."""
-        if not self.spilled:
-            if len(self.ready) + adding < self.window:
-                return False
-            # the window is full: spill from here, but never before a message in memory
-            top = self.ready.max_key()
-            self.spill_from = max(key, (top[0], top[1] + 1)) if top is not None else key
-        if key < self.spill_from:
-            return False  # more urgent than anything on disk: memory, past the window
-        self.spilled += 1
-        if self._paging and (self._dropped_min is None or key < self._dropped_min):
-            self._dropped_min = key
-        return True
-
-    def _push_ready(self, msg: Message) -> None:
-        """A message back to ready (requeue, timeout, kick, promotion): to memory, or to
-        disk when it belongs past the window. Its state is recorded by the caller."""
-        if self.spilled and self._spills((msg.priority, msg.id), 0):
-            return
-        self.ready.push(msg)
-
-    def _want_page(self) -> None:
-        if self.spilled and not self._paging and len(self.ready) <= self.window // 2:
-            self.topic.broker.want_page(self)
-
-    async def page_in(self) -> None:
-        """Load the next ready messages kept on disk into the window (the broker's pager
-        task calls this when the window runs low)."""
-        if not self.spilled or self._paging or self.deleted:
-            return
-        self._paging = True
-        self._dropped_min = None
-        generation = self._generation
-        start = self.spill_from
-        try:
-            msgs = await self.journal.load(self, start, max(self.window - len(self.ready), 1))
-        except StoreError as exc:
-            log.error("topic %s group %s: paging in failed: %s", self.topic.name, self.name, exc)
-            return
-        finally:
-            self._paging = False
-        if generation != self._generation or self.deleted:
-            return
-        dropped = self._dropped_min
-        if dropped is not None:
-            msgs = [m for m in msgs if (m.priority, m.id) < dropped]
-        if msgs:
-            last = msgs[-1]
-            after = (last.priority, last.id + 1)
-            self.spill_from = after if dropped is None or after < dropped else dropped
-        elif dropped is not None:
-            self.spill_from = dropped
-        else:
-            # the store has none left where some were counted: trust the store
-            log.warning(
-                "topic %s group %s: %d messages counted on disk were not found",
-                self.topic.name,
-                self.name,
-                self.spilled,
-            )
-            self.spilled = 0
-        ready = self.ready
-        for msg in msgs:
-            ready.push(msg)
-        self.spilled = max(self.spilled - len(msgs), 0)
-        self._dispatch()
-        self._want_page()
 
     def _defer(self, msg: Message) -> None:
         heappush(self.deferred, (msg.deliver_at, msg.id, msg))
