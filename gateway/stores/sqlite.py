@@ -485,6 +485,8 @@ class SQLiteStore(Store):
         return total
 
     async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
+        # what was spilled may still be only recorded: the read must see it
+        await self.flush()
         t = self._topics.get(topic)
         gid = t.groups.get(group) if t is not None else None
         if gid is None:

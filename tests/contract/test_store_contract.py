@@ -434,3 +434,22 @@ async def test_released_with_a_new_priority_and_finished_leaves_nothing(pair: Pa
         g2 = b2.topics["t"].groups["g"]
         assert [m.body for m in g2.ready] == [b"b"] and not g2.buried
         nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_adopted_past_the_window_pages_in_before_any_flush(pair: Pair) -> None:
+    """The first group takes a backlog larger than its window; the rest is paged in even
+    though nothing flushed the store in between (the page-in must see what was recorded)."""
+    async with trio.open_nursery() as nursery:
+        b = Broker(await pair.handover(), memory_window=100)
+        await b.open()
+        await nursery.start(b.run)
+        b.publish("t", [b"%03d" % i for i in range(300)])
+        g = b.group("t", "g")
+        sink = Collector()
+        g.attach(sink, 60).set_ready(1000)
+        with trio.fail_after(5):
+            while len(sink.got) < 300:
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.sleep(0)
+        assert sink.bodies == [b"%03d" % i for i in range(300)]
+        nursery.cancel_scope.cancel()
