@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,11 @@ def gateway_cmd(*args: str) -> list[str]:
 async def _start(
     *args: str, env: dict[str, str] | None = None, marker: bytes = b"listening protocol="
 ) -> tuple[trio.Process, str]:
-    """Start `gateway serve ...` and return it with the first line holding `marker`."""
+    """Start `gateway serve ...` and return it with the first line holding `marker`. Unless
+    the arguments name a store, the durable store goes to a fresh directory, never to the
+    repository's ./data."""
+    if "--store" not in args and "--data-dir" not in args:
+        args = (*args, "--data-dir", tempfile.mkdtemp(prefix="gateway-cli-"))
     proc = await trio.lowlevel.open_process(
         gateway_cmd("serve", *args),
         stderr=subprocess.PIPE,
