@@ -137,7 +137,15 @@ class SQLiteStore(Store):
             # the WAL file is cut back after checkpoints, so finished work gives space back
             db.execute("PRAGMA journal_size_limit = 16777216")
             db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables and version != sql.VERSION:
+                raise StoreError(
+                    f"store {self.path}: format {version} is not this gateway's"
+                    f" ({sql.VERSION}); move the file aside to start with an empty store"
+                )
             db.executescript(sql.SCHEMA)
+            db.execute(f"PRAGMA user_version = {sql.VERSION}")
             self._db = db
             return self._recover(db, window)
         except sqlite3.DatabaseError as exc:

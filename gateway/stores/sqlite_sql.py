@@ -2,21 +2,26 @@
 messages back. Nothing here runs on the event loop.
 
 Tables (docs/storage.md, "The on-disk format"):
-* `batches`: one row per publish, holding all of its bodies end to end and the fields its
-  messages share (timestamp, ttr, origin, reply_to, headers); `refs` counts the entries
-  that still point at it. One row per publish instead of one per message halves the rows
-  an MPUB writes, which is most of a commit's cost.
+* `batches`: one row per publish, holding all of its bodies end to end (`ends`: where
+  each one ends, uint32 native order) and the fields its messages share (timestamp, ttr,
+  origin, reply_to, headers); `refs` counts the entries that still point at it.
 * `entries`: one row per (group, message) with the per-group fields, keyed by (group,
   priority, id): the key is the paging order, so no second index has to be kept up to
   date on every publish. A change of priority moves the row (the caller names the
   priority it had).
 * A trigger drops a batch with its last entry.
+
+A publish's entries in a group differ only by id, so they are written by one statement
+that generates them (a recursive CTE): one step into SQLite per publish instead of one
+per message, which is most of a commit's cost and, since every step releases and retakes
+the GIL, most of what the writer thread takes from the event loop.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,11 +37,11 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
-    bodies BLOB NOT NULL, refs INTEGER NOT NULL);
+    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL,
-    batch INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL,
-    attempts INTEGER NOT NULL, due REAL NOT NULL, state INTEGER NOT NULL,
+    batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
+    state INTEGER NOT NULL,
     PRIMARY KEY (grp, priority, id)) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS entries_gone AFTER DELETE ON entries BEGIN
     UPDATE batches SET refs = refs - 1 WHERE id = OLD.batch;
@@ -44,15 +49,21 @@ CREATE TRIGGER IF NOT EXISTS entries_gone AFTER DELETE ON entries BEGIN
 END;
 """
 
+VERSION = 1  # PRAGMA user_version of this format
 READY, BURIED = 0, 1
 RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
-_SELECT = (
-    "SELECT e.id, e.priority, e.attempts, e.due, b.ts, b.ttr,"
-    " substr(b.bodies, e.off + 1, e.len), b.origin, b.reply_to, b.headers, b.header_block"
-    " FROM entries e JOIN batches b ON b.id = e.batch WHERE "
+_SELECT = "SELECT e.id, e.priority, e.attempts, e.due, e.batch FROM entries e WHERE "
+_BATCH = (
+    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends"
+    " FROM batches WHERE id = ?"
+)
+# a publish's entries in one group: n rows, ids first .. first + n - 1
+_PUT_RUN = (
+    "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i < ? - 1)"
+    " INSERT INTO entries SELECT ?, ?, ? + i, ?, ?, ?, 0 FROM k"
 )
 
 # An op is a tuple queued on the event loop: ("P", gids, messages, due, [(priority,
@@ -63,26 +74,25 @@ _Put = tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]
 
 
 def select(db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...]) -> list[Message]:
-    return [_message(row, topic) for row in db.execute(_SELECT + where, args)]
-
-
-def _message(row: tuple[Any, ...], topic: str) -> Message:
-    mid, priority, attempts, due, ts, ttr, body, origin, reply_to, headers, block = row
-    msg = Message(
-        mid,
-        topic,
-        body if body.__class__ is bytes else bytes(body or b""),
-        ts,
-        [tuple(h) for h in json.loads(headers)] if headers else None,  # type: ignore[misc]
-        attempts,
-        priority,
-        due,
-        ttr,
-        reply_to,
-        origin,
-    )
-    msg.header_block = block
-    return msg
+    """The messages of the entries `where` selects, with their bodies cut out of their
+    batches (each batch read once)."""
+    batches: dict[int, tuple[Any, ...]] = {}
+    out = []
+    for mid, priority, attempts, due, batch in db.execute(_SELECT + where, args).fetchall():
+        b = batches.get(batch)
+        if b is None:
+            row = db.execute(_BATCH, (batch,)).fetchone()
+            ends = array("I")
+            ends.frombytes(row[7])
+            headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
+            b = batches[batch] = (*row[:4], headers, row[5], row[6], ends)
+        ts, ttr, origin, reply_to, headers, block, bodies, ends = b
+        k = mid - batch
+        body = bytes(bodies[ends[k - 1] if k else 0 : ends[k]])
+        msg = Message(mid, topic, body, ts, headers, attempts, priority, due, ttr, reply_to, origin)
+        msg.header_block = block
+        out.append(msg)
+    return out
 
 
 def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
@@ -123,37 +133,60 @@ def _run(
     gone = {(gid, i) for gid, _, i in deletes} if puts and deletes else None
     cancelled: set[tuple[int, int]] = set()
     batch_rows = []
-    entry_rows = []
+    runs = []  # a publish's entries in one group, generated by one statement
+    entry_rows = []  # entries one by one, where some of a publish's are not written
+    written = 0
     last_id = 0
     for gids, msgs, due, fields in puts:
         first = msgs[0]
+        n = len(msgs)
+        priority, attempts = fields[0]
+        uniform = n == 1 or fields.count(fields[0]) == n  # one publish: always, in practice
         refs = 0
-        off = 0
-        for m, (priority, attempts) in zip(msgs, fields, strict=True):
-            size = len(m.body)
-            for gid in gids:
-                if gone is not None and (gid, m.id) in gone:
+        for gid in gids:
+            if gone is None or not any((gid, m.id) in gone for m in msgs):
+                if uniform:
+                    runs.append((n, gid, priority, first.id, first.id, attempts, due))
+                else:
+                    entry_rows += [
+                        (gid, p, m.id, first.id, a, due)
+                        for m, (p, a) in zip(msgs, fields, strict=True)
+                    ]
+                refs += n
+                continue
+            for m, (p, a) in zip(msgs, fields, strict=True):
+                if (gid, m.id) in gone:
                     cancelled.add((gid, m.id))  # never written: nothing to delete either
-                    continue
-                entry_rows.append((gid, priority, m.id, first.id, off, size, attempts, due))
-                refs += 1
-            off += size
-        last = msgs[-1].id
-        last_id = max(last_id, last)
+                else:
+                    entry_rows.append((gid, p, m.id, first.id, a, due))
+                    refs += 1
+        written += refs
+        last_id = max(last_id, msgs[-1].id)
         if refs:
-            bodies = first.body if len(msgs) == 1 else b"".join([m.body for m in msgs])
+            if n == 1:
+                bodies = first.body
+                ends = array("I", (len(bodies),))
+            else:
+                ends = array("I")
+                end = 0
+                for m in msgs:
+                    end += len(m.body)
+                    ends.append(end)
+                bodies = b"".join([m.body for m in msgs])
             headers = json.dumps(first.headers) if first.headers else None
             batch_rows.append(
-                (first.id, last, first.timestamp, first.ttr, first.origin, first.reply_to,
-                 headers, first.header_block, bodies, refs)
+                (first.id, msgs[-1].id, first.timestamp, first.ttr, first.origin,
+                 first.reply_to, headers, first.header_block, bodies, ends.tobytes(), refs)
             )  # fmt: skip
     if batch_rows:
-        db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?)", batch_rows)
+        db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
     if last_id:
         # the largest id ever stored, kept after its message is gone: ids never repeat
         db.execute(RAISE_CEILING, (last_id,))
+    if runs:
+        db.executemany(_PUT_RUN, runs)
     if entry_rows:
-        db.executemany("INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,0)", entry_rows)
+        db.executemany("INSERT INTO entries VALUES (?,?,?,?,?,?,0)", entry_rows)
     if cancelled:
         # a delivery of a message put and finished in this same commit: nothing to update
         updates = [u for u in updates if (u[4], u[6]) not in cancelled]
@@ -169,7 +202,7 @@ def _run(
         removed = db.executemany(
             "DELETE FROM entries WHERE grp=? AND priority=? AND id=?", deletes
         ).rowcount
-    return len(entry_rows) - removed
+    return written - removed
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
@@ -195,8 +228,8 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
             )
             for gid in gids:
                 added += db.execute(
-                    "INSERT INTO entries SELECT ?, priority, id, batch, off, len, attempts,"
-                    " due, state FROM entries WHERE grp = ?",
+                    "INSERT INTO entries SELECT ?, priority, id, batch, attempts, due, state"
+                    " FROM entries WHERE grp = ?",
                     (gid, backlog),
                 ).rowcount
         return added - db.execute("DELETE FROM entries WHERE grp = ?", (backlog,)).rowcount
