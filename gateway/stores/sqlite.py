@@ -42,6 +42,7 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
+from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
 
@@ -104,7 +105,7 @@ class SQLiteStore(Store):
         self._committed = 0  # ops written so far
         self._wake = trio.Event()
         self._committed_event = trio.Event()
-        self._limiter = trio.CapacityLimiter(1)  # one thread at a time uses the connection
+        self._worker = Worker(f"store {self.path.name}")  # all of the connection's work
         self._unsynced = False
         self._committing = False
         self._write_done: list[tuple[Any, ...]] | None = None  # the last ops written
@@ -115,7 +116,11 @@ class SQLiteStore(Store):
     # -- opening ---------------------------------------------------------------
 
     async def open(self, window: int = 0) -> StoredState:
-        return await trio.to_thread.run_sync(self._open_sync, window, limiter=self._limiter)
+        try:
+            return await self._worker.run(self._open_sync, window)
+        except BaseException:
+            self._worker.stop()
+            raise
 
     def _open_sync(self, window: int) -> StoredState:
         self._lock()
@@ -250,6 +255,10 @@ class SQLiteStore(Store):
             gids = tuple([t.groups.get(g) or self._add_group(t, g) for g in groups])
         else:
             gids = (t.backlog,)
+        if messages[-1].id > self._id_ceiling:
+            # ids past every reservation (a caller that reserves none): the largest one
+            # is kept after its message is gone, so that ids never repeat
+            self.reserve_ids(messages[-1].id)
         # the per-group fields as they are now (a delivery may change them before the
         # commit; that change is recorded on its own)
         fields = [(m.priority, m.attempts) for m in messages]
@@ -405,7 +414,7 @@ class SQLiteStore(Store):
                 )
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        return await self._worker.run(fn, *args)
 
     async def _commit(self) -> bool:
         ops, self._ops = self._ops, []
@@ -535,6 +544,7 @@ class SQLiteStore(Store):
                 retry *= 2
             lost = len(self._ops)
             await self._in_thread(self._close_sync)
+            self._worker.stop()
             if lost:
                 raise StoreError(f"store {self.path}: {lost} changes could not be written")
         finally:

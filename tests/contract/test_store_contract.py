@@ -453,3 +453,21 @@ async def test_a_backlog_adopted_past_the_window_pages_in_before_any_flush(pair:
                 await trio.sleep(0)
         assert sink.bodies == [b"%03d" % i for i in range(300)]
         nursery.cancel_scope.cancel()
+
+
+async def test_many_changes_to_one_message_between_commits_keep_the_last(pair: Pair) -> None:
+    s = pair.store
+    s.add_topic("t")
+    s.add_group("t", "g")
+    m = msg(1)
+    s.put("t", ["g"], [m], 0.0)
+    await s.flush()
+    m.attempts = 1
+    s.update("t", "g", m)  # delivered
+    m.priority = 7
+    s.update("t", "g", m, time.time() + 60, priority_was=1024)  # released, delayed
+    m.attempts = 2
+    s.update("t", "g", m)  # kicked and delivered again
+    state = await pair.reopened()
+    (got,) = state.topics["t"].groups["g"].ready
+    assert (got.attempts, got.priority, got.deliver_at) == (2, 7, 0.0)
