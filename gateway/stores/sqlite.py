@@ -136,6 +136,9 @@ class SQLiteStore(Store):
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
+            # one connection, in one process that holds the data dir's lock anyway: no
+            # shared-memory WAL index and no file locking on every transaction
+            db.execute("PRAGMA locking_mode = EXCLUSIVE")
             db.execute("PRAGMA journal_mode = WAL")
             sync = {"always": "FULL", "never": "OFF"}.get(str(self.fsync), "NORMAL")
             db.execute(f"PRAGMA synchronous = {sync}")
