@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ipaddress
+import multiprocessing
 import os
 import queue
 import re
@@ -393,3 +394,38 @@ def pid_listening_on(port: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+def run_processes(
+    target: Callable[..., None], args: tuple[object, ...], procs: int, timeout: float
+) -> tuple[list[tuple[float, ...]], str]:
+    """Start `procs` forked processes `target(*args, index, barrier, out)` that meet at the
+    barrier, and collect what each puts on `out`: a tuple of timestamps, or a string when
+    it failed. Returns the tuples and the first error ("" if none); every process is
+    joined or killed before it returns."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(procs), ctx.Queue()
+    ps = [
+        ctx.Process(target=target, args=(*args, i, barrier, out), daemon=True) for i in range(procs)
+    ]
+    for p in ps:
+        p.start()
+    results: list[tuple[float, ...]] = []
+    error = ""
+    deadline = time.monotonic() + timeout
+    try:
+        for _ in ps:
+            item = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            if isinstance(item, str):
+                error = error or item
+            else:
+                results.append(item)
+    except queue.Empty:
+        error = f"timed out after {timeout:.0f} s"
+    finally:
+        for p in ps:
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results, error

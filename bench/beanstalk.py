@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -40,7 +39,15 @@ import greenstalk
 
 # bench/ is a folder of scripts: its helpers are found next to this file, however it is run
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Address, GatewayProcess, Placement, format_table, make_placement, si
+from _common import (
+    Address,
+    GatewayProcess,
+    Placement,
+    format_table,
+    make_placement,
+    run_processes,
+    si,
+)
 
 BEANSTALKD = "/usr/bin/beanstalkd"
 TARGET_RATIO = 0.8  # gateway / beanstalkd, end to end
@@ -79,32 +86,7 @@ class Rates:
 
 
 def run_workload(addr: Address, procs: int, n: int, size: int, timeout: float) -> Rates | str:
-    ctx = multiprocessing.get_context("fork")
-    barrier, out = ctx.Barrier(procs), ctx.Queue()
-    ps = [
-        ctx.Process(target=worker, args=(addr, n, size, i, barrier, out), daemon=True)
-        for i in range(procs)
-    ]
-    for p in ps:
-        p.start()
-    results: list[tuple[float, float, float]] = []
-    error = ""
-    deadline = time.monotonic() + timeout
-    try:
-        for _ in ps:
-            item = out.get(timeout=max(0.1, deadline - time.monotonic()))
-            if isinstance(item, str):
-                error = error or item
-            else:
-                results.append(item)
-    except queue.Empty:
-        error = f"timed out after {timeout:.0f} s"
-    finally:
-        for p in ps:
-            p.join(1.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    results, error = run_processes(worker, (addr, n, size), procs, timeout)
     if error:
         return error
     t0 = min(r[0] for r in results)

@@ -62,6 +62,7 @@ from _common import (
     Watchdog,
     format_table,
     make_placement,
+    run_processes,
     si,
 )
 
@@ -375,33 +376,8 @@ def greenstalk_put(
 ) -> float | str:
     """`procs` processes, each putting n jobs into its own tube at once: jobs/s over the wall
     time from the first start to the last end."""
-    ctx = multiprocessing.get_context("fork")
-    barrier, out = ctx.Barrier(procs), ctx.Queue()
     addr = server.addresses["beanstalk"]
-    ps = [
-        ctx.Process(target=put_worker, args=(addr, n, size, i, barrier, out), daemon=True)
-        for i in range(procs)
-    ]
-    for p in ps:
-        p.start()
-    spans: list[tuple[float, float]] = []
-    error = ""
-    deadline = time.monotonic() + timeout
-    try:
-        for _ in ps:
-            item = out.get(timeout=max(0.1, deadline - time.monotonic()))
-            if isinstance(item, str):
-                error = error or item
-            else:
-                spans.append(item)
-    except queue.Empty:
-        error = f"TIMEOUT after {timeout:.0f}s"
-    finally:
-        for p in ps:
-            p.join(1.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    spans, error = run_processes(put_worker, (addr, n, size), procs, timeout)
     if error:
         say(f"[put x{procs} @ {label}] {error}")
         return error

@@ -48,29 +48,6 @@ log = logging.getLogger("gateway.store")
 
 FsyncPolicy = Literal["always", "never"] | int
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS topics (
-    id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, paused INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS groups (
-    id INTEGER PRIMARY KEY, topic INTEGER NOT NULL, name TEXT,
-    paused INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY, ts INTEGER NOT NULL, ttr REAL NOT NULL, body BLOB NOT NULL,
-    origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
-    refs INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    grp INTEGER NOT NULL, id INTEGER NOT NULL, priority INTEGER NOT NULL,
-    attempts INTEGER NOT NULL, due REAL NOT NULL, state INTEGER NOT NULL,
-    PRIMARY KEY (grp, id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS entries_ready ON entries (grp, priority, id)
-    WHERE state = 0 AND due = 0;
-CREATE TRIGGER IF NOT EXISTS entries_gone AFTER DELETE ON entries BEGIN
-    UPDATE messages SET refs = refs - 1 WHERE id = OLD.id;
-    DELETE FROM messages WHERE id = OLD.id AND refs <= 0;
-END;
-"""
-
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed commit
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
 _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes

@@ -256,6 +256,14 @@ async def test_a_paging_store_opens_a_window_and_pages_the_rest_in_order(pair: P
 # -- the broker over each store: what a client sees after a restart ----------------
 
 
+async def started(pair: Pair, nursery: trio.Nursery, **kw: int) -> Broker:
+    """A broker on the pair's store (handed over), opened and running in `nursery`."""
+    b = Broker(await pair.handover(), **kw)
+    await b.open()
+    await nursery.start(b.run)
+    return b
+
+
 async def restart(pair: Pair, broker: Broker, nursery: trio.Nursery) -> Broker:
     """A new broker on the store reopened after `broker` stopped without closing: what
     was committed is all there is (kill -9 after the last commit)."""
@@ -270,9 +278,7 @@ async def restart(pair: Pair, broker: Broker, nursery: trio.Nursery) -> Broker:
 
 async def test_broker_restart_keeps_every_state(pair: Pair) -> None:
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover())
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery)
         g = b.group("orders", "workers")
         sink = Collector()
         c = g.attach(sink, 60)
@@ -316,9 +322,7 @@ async def test_broker_restart_keeps_every_state(pair: Pair) -> None:
 
 async def test_a_clean_stop_returns_deliveries_and_keeps_them(pair: Pair) -> None:
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover())
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery)
         g = b.group("t", "g")
         sink = Collector()
         g.attach(sink, 60).set_ready(100)
@@ -344,9 +348,7 @@ async def test_a_clean_stop_returns_deliveries_and_keeps_them(pair: Pair) -> Non
 async def test_take_any_of_a_buried_message_is_recorded(pair: Pair) -> None:
     """beanstalkd reserve-job of a buried job: after a restart it is not buried again."""
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover())
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery)
         g = b.group("t", "g")
         sink = Collector()
         c = g.attach(sink, 60)
@@ -365,9 +367,7 @@ async def test_take_any_of_a_buried_message_is_recorded(pair: Pair) -> None:
 
 async def test_a_deep_queue_is_paged_through_a_bounded_window(pair: Pair) -> None:
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover(), memory_window=10)
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery, memory_window=10)
         g = b.group("t", "g")
         for i in range(0, 100, 5):
             b.publish("t", [b"%03d" % j for j in range(i, i + 5)])
@@ -412,9 +412,7 @@ async def test_a_priority_change_is_found_by_the_calls_after_it(pair: Pair) -> N
 
 async def test_released_with_a_new_priority_and_finished_leaves_nothing(pair: Pair) -> None:
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover())
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery)
         g = b.group("t", "g")
         sink = Collector()
         c = g.attach(sink, 60)
@@ -440,9 +438,7 @@ async def test_a_backlog_adopted_past_the_window_pages_in_before_any_flush(pair:
     """The first group takes a backlog larger than its window; the rest is paged in even
     though nothing flushed the store in between (the page-in must see what was recorded)."""
     async with trio.open_nursery() as nursery:
-        b = Broker(await pair.handover(), memory_window=100)
-        await b.open()
-        await nursery.start(b.run)
+        b = await started(pair, nursery, memory_window=100)
         b.publish("t", [b"%03d" % i for i in range(300)])
         g = b.group("t", "g")
         sink = Collector()
