@@ -65,7 +65,7 @@ class Gateway:
             return "stopping"
         if not self.serving:
             return "starting"
-        if self.store is not None and self.store.failed is not None:
+        if self.broker.store_failed is not None:
             return "store-failing"
         return "draining" if self.beanstalk.draining else "serving"
 
