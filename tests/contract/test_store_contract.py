@@ -467,3 +467,15 @@ async def test_many_changes_to_one_message_between_commits_keep_the_last(pair: P
     state = await pair.reopened()
     (got,) = state.topics["t"].groups["g"].ready
     assert (got.attempts, got.priority, got.deliver_at) == (2, 7, 0.0)
+
+
+async def test_a_publish_of_thousands_comes_back_whole(pair: Pair) -> None:
+    """An MPUB of many small messages (more than a durable store numbers in one go)."""
+    s = pair.store
+    s.add_topic("t")
+    s.add_group("t", "g")
+    s.put("t", ["g"], [msg(i, b"%d" % i) for i in range(1, 5001)], 0.0)
+    state = await pair.reopened()
+    ready = state.topics["t"].groups["g"].ready
+    assert [m.id for m in ready] == list(range(1, 5001))
+    assert ready[4999].body == b"5000"
