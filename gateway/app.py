@@ -7,6 +7,7 @@ import socket
 import ssl
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -40,9 +41,21 @@ def format_address(host: str, port: int) -> str:
 
 
 def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    """The listeners' TLS context; an error names the file it is about."""
+    for setting, path in (("tls_cert", cert), ("tls_key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise OSError(f"{setting} {path}: {exc.strerror or exc}") from exc
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise OSError(
+            f"tls_cert {cert} / tls_key {key}: not a usable certificate and key: {exc}"
+        ) from exc
     return ctx
 
 
@@ -219,12 +232,16 @@ class Gateway:
                 ):
                     address = self.settings.address(setting)
                     if address is not None:
-                        listeners = await nursery.start(serve_tcp, protocol, handle, *address)
+                        listeners = await self._bind(
+                            nursery, protocol, address, serve_tcp, protocol, handle
+                        )
                         self._announce(protocol, [_bound_address(lst) for lst in listeners])
                 # after the others: /info and /lookup report their ports
                 address = self.settings.address("http")
                 if address is not None:
-                    self._announce("http", await nursery.start(serve_http, self, *address))
+                    self._announce(
+                        "http", await self._bind(nursery, "http", address, serve_http, self)
+                    )
                 if clustered:
                     self.cluster.listen_address = self.addresses.get("nats-route")
                     await nursery.start(self.cluster.run)
@@ -238,6 +255,21 @@ class Gateway:
             self.stopping = True
             with trio.CancelScope(shield=True):
                 await self.broker.close()
+
+    async def _bind(
+        self,
+        nursery: trio.Nursery,
+        protocol: str,
+        address: tuple[str, int],
+        serve: Any,
+        *args: Any,
+    ) -> Any:
+        """Start a listener; a bind that fails names the listener and its address."""
+        try:
+            return await nursery.start(serve, *args, *address)
+        except OSError as exc:
+            where = f"{protocol} listener {format_address(*address)}"
+            raise OSError(f"{where}: {exc.strerror or exc}") from exc
 
     async def _nsq_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await NSQSession(self.nsq, stream, remote).run()

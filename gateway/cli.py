@@ -88,7 +88,14 @@ async def _serve(gateway: Gateway) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # the subcommand's own usage, not the top level's, names what it takes
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+            args.command
+        ]
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check-config":
         return _check_config(args.file)
     try:

@@ -322,5 +322,7 @@ def describe_errors(error: ValidationError) -> list[str]:
     lines = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(file)"
-        lines.append(f"{where}: {item['msg']}")
+        # pydantic prefixes a validator's own message with "Value error, "
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
     return lines

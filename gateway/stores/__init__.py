@@ -46,6 +46,6 @@ def check_store_url(url: str) -> None:
     if sep and scheme == "sqlite" and rest.startswith("/") and len(rest) > 1:
         return
     raise StoreURLError(
-        f"store: unsupported URL {url!r}: use memory:// or sqlite:///absolute/path.db "
+        f"unsupported URL {url!r}: use memory:// or sqlite:///absolute/path.db "
         "(or no --store: the durable store in --data-dir)"
     )

@@ -271,5 +271,49 @@ def test_a_port_in_use_is_one_line_and_exit_1(listener: str) -> None:
             timeout=20,
         )
     assert result.returncode == 1
-    assert "error: [Errno 98] Address already in use" in result.stderr
+    # one line naming the listener and its address
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {listener} listener 127.0.0.1:{port}: Address already in use"]
     assert "Traceback" not in result.stderr
+
+
+def test_an_unsupported_store_url_is_one_config_error_naming_the_setting(tmp_path: Path) -> None:
+    for argv in (
+        gateway_cmd("serve", "--store", "sqlite://relative.db"),
+        gateway_cmd("serve", "--store", "redis+nope://x"),
+    ):
+        result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=20)
+        assert result.returncode == 2
+        assert result.stderr.startswith("config error: store: unsupported URL"), result.stderr
+        assert "Traceback" not in result.stderr
+    config = tmp_path / "bad-store.toml"
+    config.write_text('store = "sqlite://x.db"\n')
+    result = subprocess.run(
+        gateway_cmd("check-config", str(config)), cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert f"{config}: store: unsupported URL 'sqlite://x.db'" in result.stdout
+
+
+def test_a_missing_tls_file_is_named(tmp_path: Path) -> None:
+    result = subprocess.run(
+        gateway_cmd(
+            *("serve", "--store", "memory://", "--nsq", "127.0.0.1:0"),
+            *("--tls-cert", str(tmp_path / "no.pem"), "--tls-key", str(tmp_path / "no.key")),
+        ),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 1
+    assert f"error: tls_cert {tmp_path / 'no.pem'}: No such file or directory" in result.stderr
+
+
+def test_a_wrong_flag_after_serve_prints_serves_usage() -> None:
+    result = subprocess.run(
+        gateway_cmd("serve", "--bogus"), cwd=REPO, capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gateway serve ")
+    assert "unrecognized arguments: --bogus" in result.stderr
