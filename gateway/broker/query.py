@@ -79,6 +79,16 @@ class Located:
         return self.group if self.group is not None else self.topic
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """One consumer of a group as an operator sees it."""
+
+    protocol: str  # the sink's metrics label: "nsq", "beanstalk", ... ("other" if none)
+    address: str  # the peer's "host:port" ("" when the sink has none)
+    in_flight: int
+    ready: int  # the window: NSQ's RDY; beanstalkd: in_flight + 1 while a reserve waits
+
+
 # -- topics and groups ---------------------------------------------------------------------
 
 
@@ -108,6 +118,19 @@ def groups(t: Topic, *, by_name: bool = False) -> list[Group]:
     if by_name:
         return sorted(t.groups.values(), key=_name)
     return list(t.groups.values())
+
+
+def consumers(g: Group) -> list[ConsumerInfo]:
+    """The group's consumers, in the order they joined."""
+    return [
+        ConsumerInfo(
+            getattr(c.sink, "protocol", "other"),
+            getattr(c.sink, "remote", ""),
+            c.in_flight,
+            c.ready,
+        )
+        for c in g.consumers
+    ]
 
 
 def has_groups(t: Topic) -> bool:

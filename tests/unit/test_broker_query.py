@@ -220,3 +220,27 @@ async def test_topic_and_group_lookup_and_listing() -> None:
         assert one_group is not None and one_group.name == "one"
         assert query.group(alpha, "three") is None
         assert [g.name for g in query.groups(alpha)] == ["two", "one"]
+
+
+class Peer(Collector):
+    protocol = "nsq"
+
+    def __init__(self, remote: str) -> None:
+        super().__init__()
+        self.remote = remote
+
+
+async def test_consumers_with_protocol_address_and_in_flight() -> None:
+    async with broker() as b:
+        g = b.group("t", "g")
+        for body in (b"a", b"b", b"c"):
+            one(b, body)
+        first = g.attach(Peer("10.0.0.1:5000"), 30.0)
+        g.attach(Collector(), 30.0)  # a sink without protocol or address
+        first.set_ready(5)
+        assert query.consumers(g) == [
+            query.ConsumerInfo("nsq", "10.0.0.1:5000", in_flight=3, ready=5),
+            query.ConsumerInfo("other", "", in_flight=0, ready=0),
+        ]
+        g.detach(first, requeue=True)
+        assert [c.protocol for c in query.consumers(g)] == ["other"]
