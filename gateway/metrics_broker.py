@@ -48,6 +48,15 @@ class BrokerCollector(Collector):
             for protocol, n in topic.published_by.items():
                 pub[(protocol, label)] += n
                 counted[protocol] += n
+        # deleted topics: their series stay, at their last value, while the process runs
+        for name, by_protocol in query.retired_published(broker).items():
+            live = name in kept or (name and len(kept) < cap)
+            label = name if live else OVERFLOW
+            if live:
+                kept.add(name)
+            for protocol, n in by_protocol.items():
+                pub[(protocol, label)] += n
+                counted[protocol] += n
         for protocol, total in broker.published_by.items():
             if total > counted[protocol]:
                 # published to subjects no topic keeps (NATS traffic), or deleted topics
@@ -97,6 +106,18 @@ class BrokerCollector(Collector):
                     total = sums.setdefault((protocol, *key), [0] * len(COUNTS))
                     for i, n in enumerate(counts):
                         total[i] += n
+        # deleted groups (a beanstalkd tube whose last worker left, a deleted channel):
+        # their counters continue, where the group comes back too
+        for (name, group_name), by_protocol in query.retired_counts(broker).items():
+            key = (name, group_name)
+            if not name or (key not in levels and series >= cap):
+                key = (OVERFLOW, OVERFLOW)
+            elif key not in levels:
+                series += 1
+            for protocol, counts in by_protocol.items():
+                total = sums.setdefault((protocol, *key), [0] * len(COUNTS))
+                for i, n in enumerate(counts):
+                    total[i] += n
         for (protocol, topic_label, group_label), counts in sorted(sums.items()):
             for name, n in zip(COUNTS, counts, strict=True):
                 counters[name].add_metric([protocol, topic_label, group_label], n)

@@ -27,6 +27,7 @@ log = logging.getLogger("gateway.broker")
 
 # the per-group memory window of a paging (durable) store, unless configured
 DEFAULT_WINDOW = 10_000
+RETIRED_MAX = 1000  # deleted groups (and topics) whose counters are kept by name
 
 
 class Broker:
@@ -54,6 +55,12 @@ class Broker:
         # publish -> acknowledgement latency per consumer protocol
         self.published_by: dict[str, int] = {}
         self.ack_latency: dict[str, Histogram] = {}
+        # Counters of deleted groups and topics, kept so that a Prometheus counter never
+        # goes back or disappears while the process runs (a beanstalkd tube is deleted
+        # when its last worker leaves, and may come back). At most RETIRED_MAX series by
+        # name; the rest are summed under ("", "").
+        self.retired_counts: dict[tuple[str, str], dict[str, list[int]]] = {}
+        self.retired_published: dict[str, dict[str, int]] = {}
         self._page_wanted: dict[Group, None] = {}  # groups whose window runs low, in order
         self._page_event = trio.Event()
 
@@ -204,11 +211,27 @@ class Broker:
         assert g is not None
         return g
 
+    def retire(self, group: Group) -> None:
+        """A group is deleted: keep its counters (see `retired_counts`)."""
+        key = (group.topic.name, group.name)
+        if key not in self.retired_counts and len(self.retired_counts) >= RETIRED_MAX:
+            key = ("", "")
+        kept = self.retired_counts.setdefault(key, {})
+        for protocol, counts in group.by_protocol.items():
+            total = kept.setdefault(protocol, [0] * len(counts))
+            for i, n in enumerate(counts):
+                total[i] += n
+
     def delete_topic(self, name: str) -> bool:
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
         topic.deleted = True
+        if topic.published_by:
+            key = name if len(self.retired_published) < RETIRED_MAX else ""
+            kept = self.retired_published.setdefault(key, {})
+            for protocol, n in topic.published_by.items():
+                kept[protocol] = kept.get(protocol, 0) + n
         if topic.groups and self.on_groups is not None:
             self.on_groups(name, False)
         for group in topic.groups.values():

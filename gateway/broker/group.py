@@ -539,8 +539,11 @@ class Group(MemoryWindow):
         self._dispatch()
 
     def close(self) -> None:
-        """The group is deleted: its consumers get nothing more."""
+        """The group is deleted: its consumers get nothing more; its counters are kept."""
+        if self.deleted:
+            return
         self.deleted = True
+        self.topic.broker.retire(self)
         for c in self.consumers:
             c.attached = False
         self.consumers.clear()

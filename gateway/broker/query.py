@@ -321,3 +321,14 @@ def time_left(found: Located, now: float | None = None) -> float:
     else:
         left = 0.0
     return max(0.0, left)
+
+
+def retired_counts(broker: Broker) -> dict[tuple[str, str], dict[str, list[int]]]:
+    """Per (topic, group) of deleted groups, per consumer protocol, their last counts
+    (stats.COUNTS order): a metrics counter continues from them; ("", "") sums the rest."""
+    return broker.retired_counts
+
+
+def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
+    """Per deleted topic, per publisher protocol, the messages it had been published."""
+    return broker.retired_published

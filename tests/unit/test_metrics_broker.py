@@ -114,3 +114,26 @@ async def test_cardinality_is_capped() -> None:
         (("group", "ch"), ("topic", "t1")): 1,
         (("group", "_other"), ("topic", "_other")): 3,
     }
+
+
+async def test_counters_of_a_deleted_group_or_topic_never_go_back() -> None:
+    """A beanstalkd tube is deleted when its last worker leaves; its series stay, and
+    continue when the tube comes back (Prometheus counters must not reset or vanish)."""
+    broker = Broker(MemoryStore())
+    metrics = Metrics()
+    metrics.watch_broker(broker, 100)
+    labels = {"protocol": "beanstalk", "topic": "jobs", "group": "beanstalk"}
+    for round_ in (1, 2):
+        group = broker.group("jobs", "beanstalk")
+        sink = Sink("beanstalk")
+        consumer = group.attach(sink, 30.0)
+        (msg,) = broker.publish("jobs", [b"x"], origin="beanstalk 127.0.0.1:1")
+        assert group.take(consumer) is msg
+        group.finish(consumer, msg.id)
+        group.detach(consumer, requeue=True)
+        assert broker.delete_topic("jobs")
+        samples = scrape(metrics)
+        assert value(samples, "gateway_messages_acknowledged_total", **labels) == round_
+        assert value(samples, "gateway_messages_delivered_total", **labels) == round_
+        published = {"protocol": "beanstalk", "topic": "jobs"}
+        assert value(samples, "gateway_messages_published_total", **published) == round_
