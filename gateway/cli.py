@@ -71,9 +71,22 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
     return flags
 
 
+# A SIGTERM that arrives before the signal receiver below is open. In a container the
+# gateway is PID 1, and PID 1 ignores a signal it has no handler for: without this, a stop
+# during start-up would wait for the orchestrator's kill.
+_early_stop: list[int] = []
+
+
+def _stop_early(signum: int, frame: object) -> None:
+    _early_stop.append(signum)
+
+
 async def _serve(gateway: Gateway) -> None:
     log = logging.getLogger("gateway")
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) as signals:
+        if _early_stop:
+            log.info("signal %s during start-up: not starting", signal.Signals(_early_stop[0]).name)
+            return
         async with trio.open_nursery() as nursery:
             await nursery.start(gateway.serve)
             async for signum in signals:
@@ -89,6 +102,8 @@ async def _serve(gateway: Gateway) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
+    if argv is None:  # the real process, not a test calling main() in-process
+        signal.signal(signal.SIGTERM, _stop_early)
     args, extra = parser.parse_known_args(argv)
     if extra:
         # the subcommand's own usage, not the top level's, names what it takes
