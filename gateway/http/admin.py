@@ -1,18 +1,21 @@
 """The admin page at `/`: every topic and group, whichever protocol fills or drains it.
 
 The page (admin_page.html, one file with its script) polls `/admin/api/state` and draws
-the table itself, computing rates from the counters of two polls; its buttons call the
-action endpoints below. Everything here reads the broker directly: a beanstalkd tube, an
-NSQ channel and a topic fed over a NATS route look the same.
+the table, a topic's detail and the rate charts itself, computing rates from the counters
+of successive polls; its buttons call the action endpoints below. Everything here reads
+the queues through the broker's query API: a beanstalkd tube, an NSQ channel and a topic
+fed over a NATS route look the same.
 
   GET  /admin/api/state                           topics, groups, consumers, routes
   GET  /admin/api/peek?topic=&group=&state=&limit=   ready or buried messages
+  GET  /admin/api/message?topic=[&group=]&id=     one message, its body in base64
   POST /admin/api/{pause,unpause,empty}?topic=[&group=]
   POST /admin/api/kick?topic=&group=[&bound=]     buried (or deferred) back to ready
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +36,9 @@ if TYPE_CHECKING:
 _JSON = "application/json; charset=utf-8"
 _PREVIEW = 200  # bytes of a body shown in a peek
 _PEEK_MAX = 100
+# bytes of a body the message view shows: enough for any text an operator reads on a page,
+# and well under nsqd's default max-msg-size (1 MiB) so a large body is not copied whole
+_BODY_MAX = 64 * 1024
 
 
 def _page() -> bytes:
@@ -44,7 +50,8 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 def _group_state(group: Group, now: float) -> dict[str, Any]:
-    consumers = Counter(getattr(c.sink, "protocol", "other") for c in group.consumers)
+    clients = query.consumers(group)
+    consumers = Counter(c.protocol for c in clients)
     return {
         "name": group.name,
         "depth": query.ready_count(group),
@@ -57,6 +64,15 @@ def _group_state(group: Group, now: float) -> dict[str, Any]:
         "requeue_count": group.requeue_count,
         "timeout_count": group.timeout_count,
         "consumers": dict(sorted(consumers.items())),
+        "clients": [
+            {
+                "protocol": c.protocol,
+                "address": c.address,
+                "in_flight": c.in_flight,
+                "ready": c.ready,
+            }
+            for c in clients
+        ],
         "by_protocol": {
             protocol: dict(zip(COUNTS, counts, strict=True))
             for protocol, counts in sorted(group.by_protocol.items())
@@ -120,6 +136,26 @@ def _message(msg: Message) -> dict[str, Any]:
     }
 
 
+def _whole_message(found: query.Located) -> dict[str, Any]:
+    msg = found.message
+    body = msg.body[:_BODY_MAX]
+    return {
+        "id": msg.id,
+        "id_hex": f"{msg.id:016x}",  # as NSQ clients see it
+        "state": found.state,
+        "attempts": msg.attempts,
+        "priority": msg.priority,
+        "age": max(0.0, time.time() - msg.timestamp / 1e9),
+        "time_left": query.time_left(found),
+        "size": len(msg.body),
+        "headers": msg.headers or [],
+        "origin": msg.origin,
+        "reply_to": msg.reply_to,
+        "body_base64": base64.b64encode(body).decode("ascii"),
+        "truncated": len(msg.body) > _BODY_MAX,
+    }
+
+
 # the states a peek can list, each in the order it will leave that state
 _LISTS: dict[str, Callable[[Group, int], list[Message]]] = {
     "ready": query.first_ready,
@@ -168,6 +204,17 @@ def register(router: Router, gateway: Gateway) -> None:
         msgs = lister(group, limit)
         return _json({"state": which, "messages": [_message(m) for m in msgs]})
 
+    async def message(request: Request) -> Response:
+        topic, group = _find(gateway, request)
+        try:
+            msg_id = int(request.arg("id") or "")
+        except ValueError:
+            raise HTTPError(400, "INVALID_ID") from None
+        found = query.locate(group if group is not None else topic, msg_id)
+        if found is None:
+            raise HTTPError(404, "MESSAGE_NOT_FOUND")
+        return _json(_whole_message(found))
+
     def action(name: str) -> Any:
         async def handler(request: Request) -> Response:
             topic, group = _find(gateway, request)
@@ -197,5 +244,6 @@ def register(router: Router, gateway: Gateway) -> None:
     router.add("/", index, "GET", "HEAD")
     router.add("/admin/api/state", get_state, "GET")
     router.add("/admin/api/peek", peek, "GET")
+    router.add("/admin/api/message", message, "GET")
     for name in ("pause", "unpause", "empty", "kick"):
         router.add(f"/admin/api/{name}", action(name), "POST")

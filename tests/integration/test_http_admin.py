@@ -8,6 +8,7 @@ is kept in test-artifacts/admin-page.png (or $TEST_ARTIFACTS).
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from pathlib import Path
@@ -106,10 +107,34 @@ async def test_admin_api_actions_and_peek() -> None:
             assert (workers["depth"], workers["buried"]) == (2, 1)
             assert workers["consumers"] == {"beanstalk": 1}
             assert jobs["published"] == {"beanstalk": 3}
+            [worker] = workers["clients"]
+            assert (worker["protocol"], worker["in_flight"]) == ("beanstalk", 0)
+            assert worker["address"].startswith("127.0.0.1:")
+            orders = next(t for t in state["topics"] if t["name"] == "orders")
+            [ch] = orders["groups"]
+            assert [(c["protocol"], c["in_flight"], c["ready"]) for c in ch["clients"]] == [
+                ("nsq", 0, 0)
+            ]
             buried = (
                 await client.get(url(gw, "/admin/api/peek?topic=jobs&group=beanstalk&state=buried"))
             ).json()
             assert [m["body"] for m in buried["messages"]] == ["job-0"]
+            job_id = buried["messages"][0]["id"]
+            one = (
+                await client.get(
+                    url(gw, f"/admin/api/message?topic=jobs&group=beanstalk&id={job_id}")
+                )
+            ).json()
+            assert (one["id"], one["id_hex"], one["state"]) == (job_id, f"{job_id:016x}", "buried")
+            assert (one["attempts"], one["size"], one["truncated"]) == (1, 5, False)
+            assert base64.b64decode(one["body_base64"]) == b"job-0"
+            assert one["headers"] == [] and one["origin"].startswith("beanstalk ")
+            for query, status in [
+                ("group=beanstalk&id=999999", 404),
+                ("group=beanstalk&id=x", 400),
+            ]:
+                reply = await client.get(url(gw, f"/admin/api/message?topic=jobs&{query}"))
+                assert reply.status_code == status
             kick = await client.post(url(gw, "/admin/api/kick?topic=jobs&group=beanstalk"))
             assert kick.json() == {"ok": True, "kicked": 1}
             assert len(gw.broker.topics["jobs"].groups["beanstalk"].buried) == 0
