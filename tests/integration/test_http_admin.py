@@ -2,8 +2,9 @@
 and NATS clients.
 
 The page is loaded in headless Chromium (Debian's package, installed by the test command)
-through Playwright, in a subprocess (tests/clients/browser/admin_page.py); its screenshot
-is kept in test-artifacts/admin-page.png (or $TEST_ARTIFACTS).
+through Playwright, in a subprocess (tests/clients/browser/admin_page.py), in a 1366x768
+window; its screenshots (the overview, the message view as text and as hex, a topic's
+detail) are kept in test-artifacts/admin-page*.png (or $TEST_ARTIFACTS).
 """
 
 from __future__ import annotations
@@ -62,35 +63,86 @@ async def traffic(gw: Gateway) -> tuple[RawNSQ, RawBeanstalk, trio.SocketStream]
     return nsq, bs, nats
 
 
+async def headed_nats_message(gw: Gateway, topic: str) -> trio.SocketStream:
+    """A NATS publish on `topic` with two headers and a body that is not all text."""
+    nats = await trio.open_tcp_stream(*gw.addresses["nats"])
+    block = b"NATS/1.0\r\nTrace-Id: abc-123\r\nKind: test\r\n\r\n"
+    body = b"with headers \x00\xff"
+    await nats.send_all(
+        b'CONNECT {"verbose":false,"headers":true}\r\n'
+        + b"HPUB %s %d %d\r\n" % (topic.encode(), len(block), len(block) + len(body))
+        + block + body + b"\r\nPING\r\n"
+    )  # fmt: skip
+    buf = b""
+    while b"PONG" not in buf:
+        buf += await nats.receive_some(4096)
+    return nats
+
+
+def _fits(fit: dict[str, int]) -> None:
+    assert fit["scroll_width"] <= fit["inner_width"], fit  # no horizontal scrolling
+    assert fit["buttons"] > 0 and fit["buttons_outside"] == 0, fit
+
+
 async def test_admin_page_in_chromium(tmp_path: Path) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "admin-page.png"
     async with running_gateway(
         http="127.0.0.1:0", beanstalk="127.0.0.1:0", nats="127.0.0.1:0"
     ) as gw:
         nsq, bs, nats = await traffic(gw)
+        headed = await headed_nats_message(gw, "orders")
         group = gw.broker.topics["orders"].groups["ch"]
-        assert len(group.ready) == 6
+        assert len(group.ready) == 7
         with trio.fail_after(60):
             result = await h.run(
                 [sys.executable, str(SCRIPT), "--url", url(gw), "--topic", "orders",
-                 "--group", "ch", "--screenshot", str(shot)]
+                 "--group", "ch", "--message", "with headers",
+                 "--screenshots", str(ARTIFACTS)]
             )  # fmt: skip
         assert result["page_errors"] == []
         assert result["state"] == "serving"
         assert {"orders", "jobs"} <= set(result["topics"])
         assert ["jobs", "beanstalk"] in result["groups"]
         assert result["cells"] == {
-            "depth": 6, "in_flight": 0, "deferred": 0, "buried": 0, "message_count": 6
+            "depth": 7, "in_flight": 0, "deferred": 0, "buried": 0, "message_count": 7
         }  # fmt: skip
         assert "nsq 1" in result["consumers"]
-        assert result["pub_status"] == 200 and result["live_depth"] == 7  # refreshed live
+        # a 1366x768 laptop screen (and a 1280 one) shows the whole table, actions included
+        for fit in ("fit", "fit_1280", "fit_with_peek", "detail_fit"):
+            _fits(result[fit])
+        assert result["pub_status"] == 200 and result["live_depth"] == 8  # refreshed live
+        # the rate chart drew the live publish from successive polls
+        chart = result["row_chart"]
+        assert chart["points"] >= 1 and chart["peak"] > 0
+        assert sorted(chart["lines"]) == ["acked", "in"]
         # the click went through to the broker
         assert result["paused_shown"] and group.paused
         assert any("order #0" in p for p in result["peek"])
         assert any("from nats" in p for p in result["peek"])
-        assert shot.stat().st_size > 10000
-        for stream in (nsq, bs):
+        # the message view: id, attempts, headers, body as text and as hex
+        message = result["message"]
+        [headed_msg] = [m for m in group.ready if m.body.startswith(b"with headers")]
+        assert message["id"] == str(headed_msg.id)
+        assert message["facts"]["id"] == f"{headed_msg.id} (NSQ {headed_msg.id:016x})"
+        assert message["facts"]["attempts"] == "0"
+        assert message["facts"]["state"] == "ready"
+        assert message["headers"] == [["Trace-Id", "abc-123"], ["Kind", "test"]]
+        assert message["text"] == "with headers \x00\ufffd"
+        assert message["mode"] == "hex"
+        assert message["hex"].startswith("00000000  77 69 74 68 20 68 65 61 64 65 72 73 20 00 ff")
+        assert message["hex"].rstrip().endswith("with headers ..")
+        # the topic detail view: its groups, their consumers and a chart for each
+        detail = result["detail"]
+        assert detail["overview_hidden"] and detail["groups"] == ["ch"]
+        [consumer] = detail["consumers"]
+        assert consumer["group"] == "ch" and consumer["protocol"] == "nsq"
+        assert consumer["address"].startswith("127.0.0.1:")
+        assert (consumer["in_flight"], consumer["ready"]) == ("0", "0")
+        assert detail["charts"] == ["topic", "ch"]
+        assert result["back_to_overview"]
+        for name in ("", "-full", "-message", "-message-hex", "-topic"):
+            assert (ARTIFACTS / f"admin-page{name}.png").stat().st_size > 10000
+        for stream in (nsq, bs, headed):
             await stream.aclose()
         await nats.aclose()
 

@@ -1,13 +1,18 @@
 """Headless Chromium (Debian's package, driven by Playwright) on the gateway's admin page.
 
-    admin_page.py --url http://127.0.0.1:PORT/ --topic T --group G --screenshot FILE
+    admin_page.py --url http://127.0.0.1:PORT/ --topic T --group G --message TEXT
+                  --screenshots DIR
 
-Loads the page, waits for the row of group G of topic T, records what the page shows
-(every topic and group row, that row's cells), publishes one more message over /pub and
-waits for the page's own refresh to show the new depth, clicks the row's pause
-button and waits until the page shows it paused, opens "peek ready" and records the
-messages shown, saves a full-page screenshot, and prints one JSON line. The test decides
-whether that is right.
+In a 1366x768 window (a common laptop screen), loads the page, waits for the row of group
+G of topic T, records what the page shows (every topic and group row, that row's cells)
+and how it fits (the page's width against the window's, where every action button
+ends; at 1280 pixels too), publishes one more message over /pub and waits for the page's
+own refresh to show the new depth and the group's rate chart to draw it, clicks the
+row's pause button and waits until the page shows it paused, opens "peek ready" and
+records the messages shown, opens the peeked message whose line contains TEXT in the
+message view (its facts, headers, body as text, then as hex), then opens T's detail view
+(its groups, consumers and charts). Saves a screenshot of each view in DIR and prints one
+JSON line. The test decides whether that is right.
 """
 
 from __future__ import annotations
@@ -16,11 +21,29 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+WIDTH, HEIGHT = 1366, 768
+
+# what overflows: the document against the window, and every action button's right edge
+FIT = """() => ({
+    scroll_width: document.documentElement.scrollWidth,
+    inner_width: window.innerWidth,
+    buttons: document.querySelectorAll("button[data-action]").length,
+    buttons_outside: [...document.querySelectorAll("button[data-action]")]
+        .filter(b => b.offsetParent !== null)
+        .map(b => b.getBoundingClientRect())
+        .filter(r => r.left < 0 || r.right > window.innerWidth).length,
+})"""
+
+
+def fit(page: Page) -> dict[str, int]:
+    result: dict[str, int] = page.evaluate(FIT)
+    return result
 
 
 def main() -> int:
@@ -28,15 +51,17 @@ def main() -> int:
     p.add_argument("--url", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
-    p.add_argument("--screenshot", required=True)
+    p.add_argument("--message", required=True, help="text in the peeked message to open")
+    p.add_argument("--screenshots", required=True, type=Path)
     p.add_argument("--timeout", type=float, default=20.0)
     args = p.parse_args()
     out: dict[str, Any] = {}
     row = f'tr.group[data-topic="{args.topic}"][data-group="{args.group}"]'
+    shots = args.screenshots
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
             page.set_default_timeout(args.timeout * 1000)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -52,12 +77,17 @@ def main() -> int:
             out["cells"] = page.eval_on_selector(
                 row,
                 "r => Object.fromEntries([...r.querySelectorAll('[data-field]')]"
+                ".filter(c => !['consumers', 'in_rate', 'acked_rate'].includes(c.dataset.field))"
                 ".map(c => [c.dataset.field, Number(c.textContent)]))",
             )
-            out["consumers"] = page.inner_text(f"{row} td:nth-child(11)")
+            out["consumers"] = page.inner_text(f'{row} [data-field="consumers"]')
             out["state"] = page.inner_text("#state")
+            out["fit"] = fit(page)
+            page.set_viewport_size({"width": 1280, "height": 800})
+            out["fit_1280"] = fit(page)
+            page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
             # live: publish one more message over nsqd's HTTP API and wait for the page's
-            # next refresh to show it
+            # next refresh to show it, in the depth and in the group's chart
             base = args.url.rstrip("/")
             reply = page.request.post(f"{base}/pub?topic={args.topic}", data=b"live message")
             out["pub_status"] = reply.status
@@ -66,6 +96,14 @@ def main() -> int:
                          .textContent) === {out["cells"]["depth"] + 1}"""
             )
             out["live_depth"] = out["cells"]["depth"] + 1
+            page.wait_for_function(
+                f"() => Number(document.querySelector('{row} svg.chart').dataset.peak) > 0"
+            )
+            out["row_chart"] = page.eval_on_selector(
+                f"{row} svg.chart",
+                "s => ({points: Number(s.dataset.points), peak: Number(s.dataset.peak),"
+                " lines: [...s.querySelectorAll('polyline')].map(l => l.dataset.series)})",
+            )
             page.click(f'{row} button[data-action="pause"]')
             page.wait_for_selector(f"{row} .paused")
             out["paused_shown"] = True
@@ -74,7 +112,55 @@ def main() -> int:
             out["peek"] = page.eval_on_selector_all(
                 "tr.peek pre[data-message]", "ps => ps.map(p => p.textContent)"
             )
-            page.screenshot(path=args.screenshot, full_page=True)
+            out["fit_with_peek"] = fit(page)
+            page.screenshot(path=shots / "admin-page.png")
+            page.screenshot(path=shots / "admin-page-full.png", full_page=True)
+
+            # the message view
+            page.click(f'tr.peek pre[data-message]:has-text("{args.message}")')
+            page.wait_for_selector('dialog#message[open] #message-facts [data-field="id"]')
+            out["message"] = page.evaluate(
+                """() => ({
+                    id: document.querySelector("dialog#message").dataset.id,
+                    facts: Object.fromEntries([...document.querySelectorAll(
+                        "#message-facts dd")].map(d => [d.dataset.field, d.textContent])),
+                    headers: [...document.querySelectorAll("#message-headers tr")]
+                        .map(r => [...r.cells].map(c => c.textContent)),
+                    text: document.querySelector("#message-body").textContent,
+                })"""
+            )
+            page.screenshot(path=shots / "admin-page-message.png")
+            page.click('button[data-body-mode="hex"]')
+            out["message"]["hex"] = page.inner_text("#message-body")
+            out["message"]["mode"] = page.get_attribute("#message-body", "data-mode")
+            page.screenshot(path=shots / "admin-page-message-hex.png")
+            page.keyboard.press("Escape")
+            page.wait_for_selector("dialog#message", state="hidden")
+
+            # the topic detail view
+            page.click(f'a[data-topic-link="{args.topic}"]')
+            page.wait_for_selector(f'#detail[data-topic="{args.topic}"] table#consumers')
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#detail svg.chart')]"
+                ".every(s => Number(s.dataset.points) >= 2)"
+            )
+            out["detail"] = page.evaluate(
+                """() => ({
+                    overview_hidden: document.getElementById("overview").hidden,
+                    groups: [...document.querySelectorAll("#groups tr.group")]
+                        .map(r => r.dataset.group),
+                    consumers: [...document.querySelectorAll("#consumers tr.consumer")]
+                        .map(r => Object.fromEntries([...r.querySelectorAll("[data-field]")]
+                            .map(c => [c.dataset.field, c.textContent]))),
+                    charts: [...document.querySelectorAll("#detail .card[data-chart]")]
+                        .map(c => c.dataset.chart),
+                })"""
+            )
+            out["detail_fit"] = fit(page)
+            page.screenshot(path=shots / "admin-page-topic.png")
+            page.click("a[data-back]")
+            page.wait_for_selector(row)
+            out["back_to_overview"] = True
             out["page_errors"] = errors
         finally:
             browser.close()
