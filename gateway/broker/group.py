@@ -18,6 +18,7 @@ import trio
 
 from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
+from gateway.broker.group_admin import GroupAdmin
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.ready import ReadyQueue
 from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
@@ -89,7 +90,7 @@ class InFlight:
         self.delivered_at = now
 
 
-class Group(MemoryWindow):
+class Group(MemoryWindow, GroupAdmin):
     def __init__(
         self, topic: Topic, name: str, *, ephemeral: bool = False, max_attempts: int = 0
     ) -> None:
@@ -424,119 +425,6 @@ class Group(MemoryWindow):
             msg.deliver_at = 0.0
             self._push_ready(msg)
         self.journal.changed(self, msg, priority_was=priority_was)
-
-    # -- dead letters ----------------------------------------------------------
-
-    def kick(self, bound: int) -> int:
-        """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
-        deferred ones are made ready now. Returns how many were kicked."""
-        kicked = 0
-        if self.buried:
-            while self.buried and kicked < bound:
-                msg_id = next(iter(self.buried))
-                self._kick_buried(self.buried.pop(msg_id))
-                kicked += 1
-        else:
-            while self.deferred and kicked < bound:
-                msg = heappop(self.deferred)[2]
-                self._ready_now(msg)
-                kicked += 1
-        self._dispatch()
-        return kicked
-
-    def kick_message(self, msg_id: int) -> bool:
-        msg = self.buried.pop(msg_id, None)
-        if msg is not None:
-            self._kick_buried(msg)
-        else:
-            for i, entry in enumerate(self.deferred):
-                if entry[1] == msg_id:
-                    self.deferred[i] = self.deferred[-1]
-                    self.deferred.pop()
-                    heapify(self.deferred)
-                    self._ready_now(entry[2])
-                    break
-            else:
-                return False
-        self._dispatch()
-        return True
-
-    def _kick_buried(self, msg: Message) -> None:
-        self._ready_now(msg)
-
-    def _ready_now(self, msg: Message) -> None:
-        """A kick: buried or deferred to ready now."""
-        self.kick_count += 1
-        msg.job_stats().kicks += 1
-        msg.deliver_at = 0.0
-        self._push_ready(msg)
-        self.journal.changed(self, msg)
-
-    # -- administration ------------------------------------------------------
-
-    def find(self, msg_id: int) -> tuple[str, Message] | None:
-        """Where a message is: 'reserved', 'ready', 'delayed' or 'buried' (O(n) but in-flight)."""
-        entry = self.in_flight.get(msg_id)
-        if entry is not None:
-            return "reserved", entry.message
-        msg = self.buried.get(msg_id)
-        if msg is not None:
-            return "buried", msg
-        for _, i, msg in self.deferred:
-            if i == msg_id:
-                return "delayed", msg
-        for msg in self.ready:
-            if msg.id == msg_id:
-                return "ready", msg
-        return None
-
-    def delete(self, msg_id: int) -> bool:
-        """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
-        msg = self._unqueue(msg_id)
-        if msg is None:
-            return False
-        self.journal.removed(self, (msg,))
-        return True
-
-    def empty(self) -> None:
-        """Drop every message: ready, deferred, buried and in flight (as nsqd's channel empty
-        does: FIN of a message that was in flight then fails)."""
-        self.ready.clear()
-        self.deferred.clear()
-        self.buried.clear()
-        self.in_flight.clear()
-        self._deadlines.clear()
-        self.spilled = 0
-        self._generation += 1
-        for c in self.consumers:
-            c.in_flight = 0
-            self._offer(c)
-        self.journal.cleared(self.topic, self)
-
-    def pause_for(self, seconds: int) -> None:
-        """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
-        now = trio.current_time()
-        if seconds <= 0:
-            self.pause_until = 0.0
-            self.pause_length = 0
-            self._dispatch()
-            return
-        self.pause_until = now + seconds
-        self.pause_length = seconds
-        if self.pause_until < self.next_wake:
-            self.topic.broker.schedule(self, self.pause_until)
-
-    def is_paused(self, now: float) -> bool:
-        return self.paused or (self.pause_until > now)
-
-    def pause(self) -> None:
-        self.paused = True
-        self.journal.paused(self.topic, self, True)
-
-    def unpause(self) -> None:
-        self.paused = False
-        self.journal.paused(self.topic, self, False)
-        self._dispatch()
 
     def close(self) -> None:
         """The group is deleted: its consumers get nothing more; its counters are kept."""

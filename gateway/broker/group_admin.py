@@ -1,0 +1,166 @@
+"""A group's dead letters and administration: kick, find, delete, empty, pause.
+
+Mixed into Group (group.py holds the delivery path); these are the calls beanstalkd's
+kick/peek/delete/pause-tube, nsqd's channel empty and pause, and the admin page make.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.model import Message
+
+if TYPE_CHECKING:
+    from gateway.broker.deadlines import Deadlines
+    from gateway.broker.group import Consumer, InFlight
+    from gateway.broker.journal import Journal
+    from gateway.broker.ready import ReadyQueue
+    from gateway.broker.topic import Topic
+
+
+class GroupAdmin:
+    """The group's own attributes and calls this part uses (set in Group)."""
+
+    topic: Topic
+    journal: Journal
+    ready: ReadyQueue
+    deferred: list[tuple[float, int, Message]]
+    in_flight: dict[int, InFlight]
+    buried: dict[int, Message]
+    consumers: list[Consumer]
+    paused: bool
+    pause_until: float
+    pause_length: int
+    next_wake: float
+    kick_count: int
+    spilled: int
+    _generation: int
+    _deadlines: Deadlines
+
+    def _dispatch(self) -> None:  # pragma: no cover - Group's
+        raise NotImplementedError
+
+    def _offer(self, consumer: Consumer) -> None:  # pragma: no cover - Group's
+        raise NotImplementedError
+
+    def _push_ready(self, msg: Message) -> None:  # pragma: no cover - MemoryWindow's
+        raise NotImplementedError
+
+    def _unqueue(self, msg_id: int) -> Message | None:  # pragma: no cover - Group's
+        raise NotImplementedError
+
+    # -- dead letters ----------------------------------------------------------
+
+    def kick(self, bound: int) -> int:
+        """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
+        deferred ones are made ready now. Returns how many were kicked."""
+        kicked = 0
+        if self.buried:
+            while self.buried and kicked < bound:
+                msg_id = next(iter(self.buried))
+                self._kick_buried(self.buried.pop(msg_id))
+                kicked += 1
+        else:
+            while self.deferred and kicked < bound:
+                msg = heappop(self.deferred)[2]
+                self._ready_now(msg)
+                kicked += 1
+        self._dispatch()
+        return kicked
+
+    def kick_message(self, msg_id: int) -> bool:
+        msg = self.buried.pop(msg_id, None)
+        if msg is not None:
+            self._kick_buried(msg)
+        else:
+            for i, entry in enumerate(self.deferred):
+                if entry[1] == msg_id:
+                    self.deferred[i] = self.deferred[-1]
+                    self.deferred.pop()
+                    heapify(self.deferred)
+                    self._ready_now(entry[2])
+                    break
+            else:
+                return False
+        self._dispatch()
+        return True
+
+    def _kick_buried(self, msg: Message) -> None:
+        self._ready_now(msg)
+
+    def _ready_now(self, msg: Message) -> None:
+        """A kick: buried or deferred to ready now."""
+        self.kick_count += 1
+        msg.job_stats().kicks += 1
+        msg.deliver_at = 0.0
+        self._push_ready(msg)
+        self.journal.changed(self, msg)
+
+    # -- administration ------------------------------------------------------
+
+    def find(self, msg_id: int) -> tuple[str, Message] | None:
+        """Where a message is: 'reserved', 'ready', 'delayed' or 'buried' (O(n) but in-flight)."""
+        entry = self.in_flight.get(msg_id)
+        if entry is not None:
+            return "reserved", entry.message
+        msg = self.buried.get(msg_id)
+        if msg is not None:
+            return "buried", msg
+        for _, i, msg in self.deferred:
+            if i == msg_id:
+                return "delayed", msg
+        for msg in self.ready:
+            if msg.id == msg_id:
+                return "ready", msg
+        return None
+
+    def delete(self, msg_id: int) -> bool:
+        """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
+        msg = self._unqueue(msg_id)
+        if msg is None:
+            return False
+        self.journal.removed(self, (msg,))
+        return True
+
+    def empty(self) -> None:
+        """Drop every message: ready, deferred, buried and in flight (as nsqd's channel empty
+        does: FIN of a message that was in flight then fails)."""
+        self.ready.clear()
+        self.deferred.clear()
+        self.buried.clear()
+        self.in_flight.clear()
+        self._deadlines.clear()
+        self.spilled = 0
+        self._generation += 1
+        for c in self.consumers:
+            c.in_flight = 0
+            self._offer(c)
+        self.journal.cleared(self.topic, self)
+
+    def pause_for(self, seconds: int) -> None:
+        """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
+        now = trio.current_time()
+        if seconds <= 0:
+            self.pause_until = 0.0
+            self.pause_length = 0
+            self._dispatch()
+            return
+        self.pause_until = now + seconds
+        self.pause_length = seconds
+        if self.pause_until < self.next_wake:
+            self.topic.broker.schedule(self, self.pause_until)
+
+    def is_paused(self, now: float) -> bool:
+        return self.paused or (self.pause_until > now)
+
+    def pause(self) -> None:
+        self.paused = True
+        self.journal.paused(self.topic, self, True)
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.journal.paused(self.topic, self, False)
+        self._dispatch()
