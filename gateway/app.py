@@ -7,7 +7,8 @@ import socket
 import ssl
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -27,6 +28,9 @@ from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store
 from gateway.tcp import serve as serve_tcp
+
+if TYPE_CHECKING:
+    from gateway.archive.writer import Archive
 
 log = logging.getLogger("gateway")
 
@@ -88,11 +92,15 @@ class Gateway:
             self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync)
         if self.ssl_context is None and s.tls_cert and s.tls_key:
             self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
+        self.archive = self._archive()
         self.broker = Broker(
             self.store,
             max_attempts=s.broker.max_attempts,
             memory_window=s.storage.memory_window,
+            archive=self.archive,
         )
+        if self.archive is not None:
+            self.metrics.watch_archive(self.archive)
         self.metrics.watch_broker(self.broker, s.metrics.max_series)
         self.metrics.watch_store(self.broker)
         self.nsq = self._nsq_server()
@@ -119,6 +127,22 @@ class Gateway:
             server_name=n.server_name,
         )
         self.cluster = self._cluster()
+
+    def _archive(self) -> Archive | None:
+        a = self.settings.archive
+        if not a.enabled:
+            return None
+        # imported only when on: it loads pyarrow
+        from gateway.archive.writer import Archive
+
+        return Archive(
+            a.dir or Path(self.settings.data_dir) / "archive",
+            topics=a.topics,
+            body=a.body,
+            buffer=a.buffer,
+            segment_bytes=a.segment_bytes,
+            segment_seconds=a.segment_seconds,
+        )
 
     def _cluster(self) -> Cluster:
         s = self.settings
@@ -216,6 +240,8 @@ class Gateway:
         """Open the store, bind every listener, report where, then serve until cancelled."""
         await self.broker.open()
         try:
+            if self.archive is not None:
+                self.archive.start()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.broker.run)
                 clustered = self.settings.nats_route != "off" or bool(self.settings.nats_routes)
@@ -254,7 +280,12 @@ class Gateway:
         finally:
             self.stopping = True
             with trio.CancelScope(shield=True):
-                await self.broker.close()
+                try:
+                    await self.broker.close()
+                finally:
+                    if self.archive is not None:
+                        # after the broker: the last events are in the buffer
+                        await trio.to_thread.run_sync(self.archive.close)
 
     async def _bind(
         self,

@@ -178,6 +178,29 @@ class StorageSettings(_Section):
         return value
 
 
+class ArchiveSettings(_Section):
+    """The message archive: lifecycle events as Parquet segments (docs/archive.md)."""
+
+    enabled: bool = False
+    dir: str | None = None  # unset: <data_dir>/archive
+    topics: list[str] = Field(default_factory=list)  # fnmatch patterns; empty: every topic
+    # the body column: "full", "none" (null), or the first N bytes
+    body: Literal["full", "none"] | int = "full"
+    # events waiting for the writer; past it they are dropped and counted, never waited for
+    buffer: int = Field(100_000, ge=1)
+    segment_bytes: int = Field(128 * 1024 * 1024, ge=1)  # close a segment past this size
+    segment_seconds: float = Field(3600.0, gt=0)  # or once it has been open this long
+
+    @field_validator("body", mode="before")
+    @classmethod
+    def _body(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or (isinstance(value, int) and value < 0):
+            raise ValueError('body must be "full", "none" or a number of bytes >= 0')
+        return value
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -204,6 +227,7 @@ class Settings(_Section):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
 
     @field_validator("store")
     @classmethod
@@ -259,6 +283,7 @@ _SECTIONS = {
     "broker": BrokerSettings,
     "storage": StorageSettings,
     "metrics": MetricsSettings,
+    "archive": ArchiveSettings,
 }
 
 

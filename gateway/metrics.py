@@ -58,6 +58,12 @@ class Metrics:
 
         self.registry.register(StoreCollector(broker))  # type: ignore[arg-type]
 
+    def watch_archive(self, archive: object) -> None:
+        """Export the archive's counters (events written and dropped, segments)."""
+        from gateway.metrics_archive import ArchiveCollector
+
+        self.registry.register(ArchiveCollector(archive))  # type: ignore[arg-type]
+
     def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
         """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...)."""
         text = frame_text.decode("latin-1") if isinstance(frame_text, bytes) else frame_text

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -23,6 +24,9 @@ from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message
 from gateway.stores.base import Store, StoreError
 
+if TYPE_CHECKING:
+    from gateway.archive.writer import Archive
+
 log = logging.getLogger("gateway.broker")
 
 # the per-group memory window of a paging (durable) store, unless configured
@@ -32,9 +36,16 @@ RETIRED_MAX = 1000  # deleted groups (and topics) whose counters are kept by nam
 
 class Broker:
     def __init__(
-        self, store: Store, *, max_attempts: int = 0, memory_window: int = DEFAULT_WINDOW
+        self,
+        store: Store,
+        *,
+        max_attempts: int = 0,
+        memory_window: int = DEFAULT_WINDOW,
+        archive: Archive | None = None,
     ) -> None:
         self.store = store
+        # the message archive (gateway/archive), or None: each topic takes its recorder
+        self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
         self.journal = Journal(store)
         self.window = memory_window if store.pages else 0

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from gateway.archive import events
 from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
 from gateway.broker.group_admin import GroupAdmin
@@ -122,6 +123,7 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
         self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
+        self.archive = topic.archive  # the topic's archive recorder, or None
         if self.journal is not NULL_JOURNAL:
             self.window = topic.broker.window
         # counters, the same for every protocol that touches this group
@@ -244,6 +246,8 @@ class Group(MemoryWindow, GroupAdmin):
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
         self.journal.delivered(self, msg)
+        if self.archive is not None:
+            self.archive.record(events.DELIVERED, msg, self.name, c.sink)
         self.delivered_count += 1
         c.counts[DELIVERED] += 1
         if not c.sink.deliver(msg, c):
@@ -315,6 +319,8 @@ class Group(MemoryWindow, GroupAdmin):
         c.counts[ACKNOWLEDGED] += 1
         c.latency.observe_ns(time.time_ns() - entry.message.timestamp)
         self.journal.removed(self, (entry.message,))
+        if self.archive is not None:
+            self.archive.record(events.ACKNOWLEDGED, entry.message, self.name, c.sink)
         self._deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
@@ -334,6 +340,8 @@ class Group(MemoryWindow, GroupAdmin):
         self.finish_count += 1
         entry.consumer.counts[ACKNOWLEDGED] += 1
         self.journal.removed(self, (msg,))
+        if self.archive is not None:
+            self.archive.record(events.ACKNOWLEDGED, msg, self.name, entry.consumer.sink)
         self._release_slot(entry.consumer)
 
     def _release_slot(self, c: Consumer) -> None:
@@ -363,6 +371,8 @@ class Group(MemoryWindow, GroupAdmin):
         del self.in_flight[msg.id]
         self.requeue_count += 1
         entry.consumer.counts[REQUEUED] += 1
+        if self.archive is not None:
+            self.archive.record(events.REQUEUED, msg, self.name, entry.consumer.sink)
         stats = msg.job_stats()
         stats.releases += 1
         stats.delay = int(delay)
@@ -398,16 +408,19 @@ class Group(MemoryWindow, GroupAdmin):
         if priority is not None:
             entry.message.priority = priority
         entry.consumer.counts[BURIED] += 1
-        self._bury(entry.message, was)
+        self._bury(entry.message, was, entry.consumer.sink)
         self._release_slot(entry.consumer)
         self._dispatch()
         return Outcome.OK
 
-    def _bury(self, msg: Message, priority_was: int | None = None) -> None:
+    # `sink`: the consumer's that buried it (none when past max_attempts)
+    def _bury(self, msg: Message, priority_was: int | None = None, sink: object = None) -> None:
         msg.deliver_at = 0.0
         self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
+        if self.archive is not None:
+            self.archive.record(events.BURIED, msg, self.name, sink)
         self.journal.changed(self, msg, buried=True, priority_was=priority_was)
 
     def _return(
@@ -455,6 +468,8 @@ class Group(MemoryWindow, GroupAdmin):
             self.topic.broker.timeout_count += 1
             entry.consumer.counts[TIMED_OUT] += 1
             msg.job_stats().timeouts += 1
+            if self.archive is not None:
+                self.archive.record(events.TIMED_OUT, msg, self.name, entry.consumer.sink)
             self._return(msg, 0.0, now)
             c = entry.consumer
             c.in_flight -= 1

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.archive import events
 from gateway.model import Message
 
 if TYPE_CHECKING:
+    from gateway.archive.writer import Recorder
     from gateway.broker.deadlines import Deadlines
     from gateway.broker.group import Consumer, InFlight
     from gateway.broker.journal import Journal
@@ -25,7 +27,9 @@ class GroupAdmin:
     """The group's own attributes and calls this part uses (set in Group)."""
 
     topic: Topic
+    name: str
     journal: Journal
+    archive: Recorder | None
     ready: ReadyQueue
     deferred: list[tuple[float, int, Message]]
     in_flight: dict[int, InFlight]
@@ -98,6 +102,8 @@ class GroupAdmin:
         msg.deliver_at = 0.0
         self._push_ready(msg)
         self.journal.changed(self, msg)
+        if self.archive is not None:
+            self.archive.record(events.KICKED, msg, self.name)
 
     # -- administration ------------------------------------------------------
 
@@ -123,6 +129,8 @@ class GroupAdmin:
         if msg is None:
             return False
         self.journal.removed(self, (msg,))
+        if self.archive is not None:
+            self.archive.record(events.DELETED, msg, self.name)
         return True
 
     def empty(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.archive.events import DELETED
 from gateway.broker.group import Group
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.model import Message
@@ -27,9 +28,14 @@ class Topic:
         self.message_bytes = 0
         self.published_by: dict[str, int] = {}  # publisher protocol -> messages
         self.journal = NULL_JOURNAL if ephemeral else broker.journal
+        # this topic's archive recorder; None when archiving is off or leaves it out
+        archive = broker.archive
+        self.archive = archive.recorder(name) if archive is not None else None
 
     def put(self, messages: list[Message]) -> None:
         """One publish's messages (one priority and delay, ids ascending)."""
+        if self.archive is not None:
+            self.archive.published(messages)
         self.message_count += len(messages)
         self.message_bytes += sum([len(m.body) for m in messages])
         if self.paused or not self.groups:
@@ -99,6 +105,8 @@ class Topic:
         for i, msg in enumerate(self.backlog):
             if msg.id == msg_id:
                 del self.backlog[i]
+                if self.archive is not None:
+                    self.archive.record(DELETED, msg, "")
                 self.journal.backlog_removed(self, (msg,))
                 return msg
         return None

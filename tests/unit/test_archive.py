@@ -1,0 +1,250 @@
+"""The archive writer on its own: buffer and drops, columns, body modes, rotation by size
+and by time, date partitions, unfinished segments left out by the reader."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.archive import events
+from gateway.archive.read import read_archive
+from gateway.archive.writer import SCHEMA, Archive
+from gateway.model import Message
+
+DAY_NS = 86_400 * 1_000_000_000
+
+
+class Sink:
+    protocol = "beanstalk"
+    remote = "10.0.0.7:5555"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def message(i: int, body: bytes = b"hello world", topic: str = "orders") -> Message:
+    return Message(
+        i, topic, body, 1_700_000_000_000_000_000 + i, priority=7, origin="nsq 1.2.3.4:9"
+    )
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Iterator[Archive]:
+    a = Archive(tmp_path / "archive")
+    yield a
+    a.close()
+
+
+def finished(root: Path) -> list[Path]:
+    return sorted(root.glob("date=*/part-*.parquet"))
+
+
+def unfinished(root: Path) -> list[Path]:
+    return sorted(root.glob("date=*/.part-*.inprogress"))
+
+
+def test_a_full_buffer_drops_and_counts(tmp_path: Path) -> None:
+    a = Archive(tmp_path, buffer=3)
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(i) for i in range(1, 6)])  # not started: nothing drains it
+    rec.record(events.DELIVERED, message(1), "g", Sink())
+    assert (a.buffered, a.dropped) == (3, 3)
+    a.start()
+    a.close()
+    assert a.written == 3
+    assert read_archive(tmp_path).column("id").to_pylist() == [1, 2, 3]
+
+
+def test_every_column(archive: Archive) -> None:
+    archive.start()
+    rec = archive.recorder("orders")
+    assert rec is not None
+    msg = message(42)
+    before = time.time_ns()
+    rec.published([msg])
+    msg.attempts = 1
+    rec.record(events.DELIVERED, msg, "workers", Sink())
+    msg.attempts = 2  # later changes do not reach an event already recorded
+    archive.close()
+    table = read_archive(archive.directory)
+    assert table.schema.names == [*SCHEMA.names, "date"]
+    published, delivered = table.to_pylist()
+    assert before <= published["time_ns"] <= delivered["time_ns"] <= time.time_ns()
+    for row in (published, delivered):
+        row.pop("time_ns")
+        row.pop("date")
+    assert published == {
+        "event": "published",
+        "id": 42,
+        "topic": "orders",
+        "group": "",
+        "producer": "nsq",
+        "consumer": "",
+        "peer": "1.2.3.4:9",
+        "size": 11,
+        "attempts": 0,
+        "priority": 7,
+        "publish_ns": msg.timestamp,
+        "body": b"hello world",
+    }
+    assert delivered == {
+        **published,
+        "event": "delivered",
+        "group": "workers",
+        "consumer": "beanstalk",
+        "peer": "10.0.0.7:5555",
+        "attempts": 1,
+    }
+    assert (archive.written, archive.segments, archive.dropped) == (2, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "body"), [("full", b"hello world"), ("none", None), (5, b"hello"), (0, b"")]
+)
+def test_body_modes(tmp_path: Path, mode: str | int, body: bytes | None) -> None:
+    a = Archive(tmp_path, body=mode)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(1)])
+    a.close()
+    row = read_archive(tmp_path).to_pylist()[0]
+    assert (row["body"], row["size"]) == (body, 11)
+
+
+def test_topic_patterns(tmp_path: Path) -> None:
+    a = Archive(tmp_path, topics=["orders*", "audit"])
+    assert a.recorder("orders.eu") is not None
+    assert a.recorder("audit") is not None
+    assert a.recorder("audit2") is None
+    assert Archive(tmp_path).recorder("anything") is not None
+
+
+def test_rotation_by_size(tmp_path: Path) -> None:
+    a = Archive(tmp_path, segment_bytes=1)  # every write fills a segment
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    for i in range(1, 4):
+        rec.published([message(i)])
+        assert a.flush()
+        assert a.segments == i
+    a.close()
+    assert len(finished(tmp_path)) == 3
+    assert unfinished(tmp_path) == []
+    assert sorted(read_archive(tmp_path).column("id").to_pylist()) == [1, 2, 3]
+
+
+def test_rotation_by_time(tmp_path: Path) -> None:
+    clock = Clock()
+    a = Archive(tmp_path, segment_seconds=60, clock=clock)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(1)])
+    assert a.flush()
+    # written, still open: readers do not see it yet
+    assert (a.written, a.segments, len(unfinished(tmp_path))) == (1, 0, 1)
+    assert read_archive(tmp_path).num_rows == 0
+    clock.now += 59
+    assert a.flush()
+    assert a.segments == 0
+    clock.now += 1
+    assert a.flush()
+    assert (a.segments, len(finished(tmp_path)), unfinished(tmp_path)) == (1, 1, [])
+    rec.published([message(2)])
+    a.close()
+    assert a.segments == 2
+    assert read_archive(tmp_path).column("id").to_pylist() == [1, 2]
+
+
+def test_partitions_by_utc_date(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = Archive(tmp_path)
+    rec = a.recorder("orders")
+    assert rec is not None
+    midnight = 20_000 * DAY_NS  # 2024-10-04T00:00:00Z
+    for i, at in enumerate((midnight - 1, midnight, midnight + 5), start=1):
+        monkeypatch.setattr("gateway.archive.writer.time.time_ns", lambda at=at: at)
+        rec.published([message(i)])
+    monkeypatch.undo()
+    a.start()
+    a.close()
+    days = {p.parent.name: p for p in finished(tmp_path)}
+    assert sorted(days) == ["date=2024-10-03", "date=2024-10-04"]
+    table = read_archive(tmp_path)
+    assert sorted(
+        zip(table.column("date").to_pylist(), table.column("id").to_pylist(), strict=True)
+    ) == [
+        ("2024-10-03", 1),
+        ("2024-10-04", 2),
+        ("2024-10-04", 3),
+    ]
+
+
+def test_reader_skips_unfinished_segments(tmp_path: Path) -> None:
+    a = Archive(tmp_path)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(1)])
+    a.close()
+    # what kill -9 leaves: a segment never closed, cut anywhere (here: no footer at all)
+    folder = finished(tmp_path)[0].parent
+    (folder / ".part-1-000009.parquet.inprogress").write_bytes(b"PAR1\x00\x01 cut short")
+    assert read_archive(tmp_path).column("id").to_pylist() == [1]
+
+
+def test_reader_on_a_missing_or_empty_dir(tmp_path: Path) -> None:
+    assert read_archive(tmp_path / "nothing").num_rows == 0
+    assert read_archive(tmp_path).num_rows == 0
+
+
+def test_row_groups_are_written_as_the_buffer_fills(tmp_path: Path) -> None:
+    from gateway.archive.writer import ROW_GROUP_ROWS
+
+    a = Archive(tmp_path)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(i) for i in range(1, ROW_GROUP_ROWS * 2 + 2)])
+    assert a.flush()
+    assert a.written == ROW_GROUP_ROWS * 2 + 1
+    a.close()
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(finished(tmp_path)[0]).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [
+        ROW_GROUP_ROWS,
+        ROW_GROUP_ROWS,
+        1,
+    ]
+
+
+def test_a_failed_write_is_counted_and_the_writer_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = Archive(tmp_path)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gateway.archive.writer.pq.ParquetWriter", broken)
+    rec.published([message(1), message(2)])
+    assert a.flush()
+    assert (a.failed, a.write_errors, a.written) == (2, 1, 0)
+    monkeypatch.undo()
+    rec.published([message(3)])
+    a.close()
+    assert read_archive(tmp_path).column("id").to_pylist() == [3]
