@@ -20,6 +20,7 @@ DAY_NS = 86_400 * 1_000_000_000
 class Sink:
     protocol = "beanstalk"
     remote = "10.0.0.7:5555"
+    __hash__ = None  # type: ignore[assignment]  # a sink need not be hashable
 
 
 class Clock:
