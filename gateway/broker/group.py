@@ -104,12 +104,9 @@ class Group(MemoryWindow, GroupAdmin):
         self.pause_length = 0  # seconds the current timed pause was set for
         self.deleted = False
         self.ready = ReadyQueue()
-        # The memory window (a paging store only; 0: everything in memory). Past it, ready
-        # messages stay on disk only: `spilled` of them, every one at or after `spill_from`
-        # in (priority, id) order and every one in memory before it, so the memory part is
-        # always the most urgent part; they are paged in as consumers drain the window.
-        # They count as ready everywhere a count is shown.
-        self.window = 0  # set below, once the journal is known
+        self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
+        # the memory window of a paging store (window.py); 0: everything in memory
+        self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
         self.spilled = 0
         self.spill_from: Key = NO_KEY
         self._paging = False  # a page-in is under way
@@ -122,10 +119,7 @@ class Group(MemoryWindow, GroupAdmin):
         self._waiting: deque[Consumer] = deque()  # consumers with room, round-robin
         self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
-        self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
         self.archive = topic.archive  # the topic's archive recorder, or None
-        if self.journal is not NULL_JOURNAL:
-            self.window = topic.broker.window
         # counters, the same for every protocol that touches this group
         self.message_count = 0
         self.delivered_count = 0

@@ -20,7 +20,6 @@ backlog is a group row without a name.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
@@ -36,12 +35,11 @@ from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Key,
     Store,
-    StoredGroup,
     StoredState,
-    StoredTopic,
     StoreError,
     StoreStats,
 )
+from gateway.stores.sqlite_open import TopicIds, lock_data_dir, recover
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -52,15 +50,6 @@ _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed comm
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
 _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
 _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
-
-
-class _Topic:
-    __slots__ = ("backlog", "groups", "id")
-
-    def __init__(self, tid: int, backlog: int) -> None:
-        self.id = tid
-        self.backlog = backlog  # the group id of the topic's backlog
-        self.groups: dict[str, int] = {}
 
 
 class SQLiteStore(Store):
@@ -74,7 +63,7 @@ class SQLiteStore(Store):
         self._db: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._wal_fd: int | None = None
-        self._topics: dict[str, _Topic] = {}
+        self._topics: dict[str, TopicIds] = {}
         self._next_tid = 1
         self._next_gid = 1
         self._ops: list[tuple[Any, ...]] = []
@@ -137,80 +126,21 @@ class SQLiteStore(Store):
             raise StoreError(f"store {self.path}: cannot open: {exc}") from exc
 
     def _lock(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreError(f"data dir {self.path.parent}: {exc.strerror or exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(
-                f"data dir {self.path.parent} is in use by another gateway (pid {holder}): "
-                f"{self.path} is locked"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-        if not os.access(self.path.parent, os.W_OK):
-            raise StoreError(f"data dir {self.path.parent}: not writable")
+        self._lock_fd = lock_data_dir(self.path)
 
     def _recover(self, db: sqlite3.Connection, window: int) -> StoredState:
-        state = StoredState()
-        row = db.execute("SELECT value FROM meta WHERE key = 'id_ceiling'").fetchone()
-        ceiling = row[0] if row else 0
-        row = db.execute("SELECT max(last) FROM batches").fetchone()
-        state.last_id = self._id_ceiling = max(ceiling, row[0] or 0)
-        names: dict[int, str] = {}
-        for tid, name, paused in db.execute("SELECT id, name, paused FROM topics"):
-            names[tid] = name
-            state.topics[name] = StoredTopic(name, bool(paused))
-            self._next_tid = max(self._next_tid, tid + 1)
-        for gid, tid, name, paused in db.execute("SELECT id, topic, name, paused FROM groups"):
-            self._next_gid = max(self._next_gid, gid + 1)
-            topic_name = names.get(tid)
-            if topic_name is None:
-                continue
-            st = state.topics[topic_name]
-            t = self._topics.get(topic_name)
-            if name is None:
-                if t is None:
-                    t = self._topics[topic_name] = _Topic(tid, gid)
-                else:
-                    t.backlog = gid
-                st.backlog = sql.select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
-                continue
-            if t is None:
-                t = self._topics[topic_name] = _Topic(tid, 0)
-            t.groups[name] = gid
-            sg = st.groups[name] = StoredGroup(name, bool(paused))
-            ready = db.execute(
-                "SELECT count(*) FROM entries WHERE grp = ? AND state = 0 AND due = 0", (gid,)
-            ).fetchone()[0]
-            limit = window if window > 0 else -1
-            sg.ready = sql.select(
-                db,
-                topic_name,
-                "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.grp, e.priority, e.id LIMIT ?",
-                (gid, limit),
-            )
-            sg.spilled = ready - len(sg.ready)
-            sg.ready += sql.select(
-                db, topic_name, "e.grp = ? AND e.state = 0 AND e.due > 0", (gid,)
-            )
-            sg.buried = sql.select(
-                db, topic_name, "e.grp = ? AND e.state = 1 ORDER BY e.id", (gid,)
-            )
+        found = recover(db, window)
+        self._topics = found.topics
+        self._next_tid, self._next_gid = found.next_tid, found.next_gid
+        self._id_ceiling = found.state.last_id
         for t in self._topics.values():
             if t.backlog == 0:  # a topic whose backlog row is missing: make one
                 t.backlog = self._new_gid()
                 self._ops.append(("G+", t.backlog, t.id, None))
                 self._recorded += 1
-        self._stats.messages_on_disk = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+        self._stats.messages_on_disk = found.entries
         self._stats.disk_bytes = self._disk_bytes()
-        return state
+        return found.state
 
     # -- recording (event loop, synchronous, cheap) ----------------------------
 
@@ -272,10 +202,10 @@ class SQLiteStore(Store):
         if topic not in self._topics:
             self._add_topic(topic)
 
-    def _add_topic(self, topic: str) -> _Topic:
+    def _add_topic(self, topic: str) -> TopicIds:
         tid = self._next_tid
         self._next_tid += 1
-        t = self._topics[topic] = _Topic(tid, self._new_gid())
+        t = self._topics[topic] = TopicIds(tid, self._new_gid())
         self._record(("T+", tid, topic, t.backlog))
         return t
 
@@ -284,7 +214,7 @@ class SQLiteStore(Store):
         if group not in t.groups:
             self._add_group(t, group)
 
-    def _add_group(self, t: _Topic, group: str) -> int:
+    def _add_group(self, t: TopicIds, group: str) -> int:
         gid = t.groups[group] = self._new_gid()
         self._record(("G+", gid, t.id, group))
         return gid

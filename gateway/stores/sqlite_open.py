@@ -1,0 +1,107 @@
+"""Opening the durable store: the data dir's lock, and recovery of what the file holds.
+
+Runs on the store's worker thread, before anything is recorded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.stores import sqlite_sql as sql
+from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
+
+
+class TopicIds:
+    """A topic's row id, its backlog's group id and its groups' ids, by name."""
+
+    __slots__ = ("backlog", "groups", "id")
+
+    def __init__(self, tid: int, backlog: int) -> None:
+        self.id = tid
+        self.backlog = backlog  # the group id of the topic's backlog
+        self.groups: dict[str, int] = {}
+
+
+def lock_data_dir(path: Path) -> int:
+    """Take `<path>.lock` (flock, with the owner's pid in it); returns its descriptor.
+    A data dir that cannot be made or written, or that another gateway holds, is a
+    StoreError naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StoreError(f"data dir {path.parent}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StoreError(
+            f"data dir {path.parent} is in use by another gateway (pid {holder}): {path} is locked"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if not os.access(path.parent, os.W_OK):
+        os.close(fd)
+        raise StoreError(f"data dir {path.parent}: not writable")
+    return fd
+
+
+@dataclass
+class Recovered:
+    state: StoredState
+    topics: dict[str, TopicIds] = field(default_factory=dict)
+    next_tid: int = 1
+    next_gid: int = 1
+    entries: int = 0  # entries on disk
+
+
+def recover(db: sqlite3.Connection, window: int) -> Recovered:
+    """Topics, groups and pause states; per group the first `window` ready messages in
+    (priority, id) order (all with 0), the count of the rest, every deferred and every
+    buried one; the backlog of topics without a group; the id to start after."""
+    state = StoredState()
+    found = Recovered(state)
+    row = db.execute("SELECT value FROM meta WHERE key = 'id_ceiling'").fetchone()
+    ceiling = row[0] if row else 0
+    row = db.execute("SELECT max(last) FROM batches").fetchone()
+    state.last_id = max(ceiling, row[0] or 0)
+    names: dict[int, str] = {}
+    for tid, name, paused in db.execute("SELECT id, name, paused FROM topics"):
+        names[tid] = name
+        state.topics[name] = StoredTopic(name, bool(paused))
+        found.next_tid = max(found.next_tid, tid + 1)
+    topics = found.topics
+    for gid, tid, name, paused in db.execute("SELECT id, topic, name, paused FROM groups"):
+        found.next_gid = max(found.next_gid, gid + 1)
+        topic_name = names.get(tid)
+        if topic_name is None:
+            continue
+        st = state.topics[topic_name]
+        t = topics.get(topic_name)
+        if t is None:
+            t = topics[topic_name] = TopicIds(tid, 0)
+        if name is None:
+            t.backlog = gid
+            st.backlog = sql.select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
+            continue
+        t.groups[name] = gid
+        sg = st.groups[name] = StoredGroup(name, bool(paused))
+        ready = db.execute(
+            "SELECT count(*) FROM entries WHERE grp = ? AND state = 0 AND due = 0", (gid,)
+        ).fetchone()[0]
+        sg.ready = sql.select(
+            db,
+            topic_name,
+            "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.grp, e.priority, e.id LIMIT ?",
+            (gid, window if window > 0 else -1),
+        )
+        sg.spilled = ready - len(sg.ready)
+        sg.ready += sql.select(db, topic_name, "e.grp = ? AND e.state = 0 AND e.due > 0", (gid,))
+        sg.buried = sql.select(db, topic_name, "e.grp = ? AND e.state = 1 ORDER BY e.id", (gid,))
+    found.entries = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+    return found
