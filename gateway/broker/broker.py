@@ -93,7 +93,6 @@ class Broker:
                 group = topic.groups[sg.name] = Group(
                     topic, sg.name, max_attempts=self.max_attempts
                 )
-                group.window = self.window
                 group.paused = sg.paused
                 for msg in sg.ready:
                     msg.deliver_at = from_wall(msg.deliver_at)
@@ -275,9 +274,13 @@ class Broker:
         does not exist is not made (a NATS publish nobody asked for is not kept).
         `routed`: the messages came from a NATS cluster route, which named these queue
         groups; they reach local taps only (see taps.py). Raises StoreError, creating
-        nothing, while the store cannot write."""
-        if self.store.failed is not None and not ephemeral:
-            raise self.store.failed
+        nothing, while the store cannot write and the messages would be stored (traffic
+        to subscribers only, NATS at most once, goes on)."""
+        if self.store.failed is not None:
+            kept = self.topics.get(topic)
+            stored = not kept.ephemeral if kept is not None else create and not ephemeral
+            if stored:
+                raise self.store.failed
         t = self.topic(topic, ephemeral=ephemeral, create=create)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0

@@ -319,3 +319,23 @@ async def test_each_group_counts_its_own_attempts() -> None:
             sinks.append(sink)
         b.publish("t", [b"x", b"y"])
         assert [s.attempts for s in sinks] == [[1, 1]] * 3
+
+
+async def test_a_failing_store_refuses_only_what_it_would_keep() -> None:
+    from gateway.stores.base import StoreError
+
+    store = MemoryStore()
+    b = Broker(store)
+    await b.open()
+    b.group("kept", "g")
+    store.failed = StoreError("store x: write failed: disk full")
+    with pytest.raises(StoreError):
+        b.publish("kept", [b"a"])
+    with pytest.raises(StoreError):
+        b.publish("new-topic", [b"a"])  # it would be made, and kept
+    assert "new-topic" not in b.topics
+    # a subject nobody keeps (NATS, at most once) and an ephemeral topic go on
+    assert len(b.publish("nobody.keeps", [b"a"], create=False)) == 1
+    assert len(b.publish("t#ephemeral", [b"a"], ephemeral=True)) == 1
+    store.failed = None
+    assert len(b.publish("kept", [b"a"])) == 1
