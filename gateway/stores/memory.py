@@ -113,11 +113,15 @@ class MemoryStore(Store):
         buried: bool = False,
         priority_was: int | None = None,
     ) -> None:
-        g = self._group(self._topic(topic), group)
+        # every delivery lands here: the common case is two dict lookups and a tuple
+        t = self._topics.get(topic)
+        g = t.groups.get(group) if t is not None else None
+        if g is None:
+            g = self._group(self._topic(topic), group)
         g.messages[message.id] = (message, message.attempts, message.priority, due)
         if buried:
             g.buried.add(message.id)
-        else:
+        elif g.buried:
             g.buried.discard(message.id)
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
@@ -131,9 +135,11 @@ class MemoryStore(Store):
         g = t.groups.get(group)
         if g is None:
             return
+        records, buried = g.messages, g.buried
         for m in messages:
-            g.messages.pop(m.id, None)
-            g.buried.discard(m.id)
+            records.pop(m.id, None)
+            if buried:
+                buried.discard(m.id)
 
     def add_topic(self, topic: str) -> None:
         self._topic(topic)
