@@ -462,14 +462,31 @@ def section_beanstalkd(run: Run) -> None:
     ]
     for label, fsync, extra, n in pairings:
         gw_dir, bs_dir = run.data_dir(f"bs-gw-{fsync}"), run.data_dir(f"bs-binlog-{fsync}")
+        # The first pairing also runs the memory gateway, which writes nothing at all: the
+        # durable store's ratio can at best reach its ratio, so the run shows how much of
+        # the gap is the store's and how much the gateway's own per-request cost.
+        with_memory = fsync is None
         with run.started(
             lambda: start_beanstalkd("beanstalkd", run.placement, bs_dir, *extra),  # noqa: B023
             lambda: start_gateway("durable", run.placement, gw_dir, fsync),  # noqa: B023
-        ) as (real, durable):
+            *([lambda: start_gateway("memory", run.placement, None)] if with_memory else []),
+        ) as (real, durable, *memory):
             bs_cmd = f"beanstalkd -b DIR {' '.join(extra)}".strip()
             say(f"# {label}: gateway fsync={fsync or 'default (50)'} vs {bs_cmd}")
             for procs in (1, 4):
                 ref = greenstalk_put(real, procs, n, 200, run.timeout, f"{bs_cmd}")
+                if memory:
+                    mem = greenstalk_put(memory[0], procs, n, 200, run.timeout, "memory (no disk)")
+                    run.rows.append(
+                        rate_row(
+                            "vs beanstalkd",
+                            f"put x{procs}, memory store (no disk)",
+                            bs_cmd,
+                            ref,
+                            mem,
+                            0,
+                        )
+                    )
                 dur = greenstalk_put(durable, procs, n, 200, run.timeout, f"durable {label}")
                 run.rows.append(
                     rate_row(
