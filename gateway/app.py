@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import ssl
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
     from gateway.archive.writer import Archive
 
 log = logging.getLogger("gateway")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _bound_address(listener: trio.SocketListener) -> tuple[str, int]:
@@ -320,3 +328,25 @@ class Gateway:
                 file=sys.stderr,
                 flush=True,
             )
+        exposed = [addr for addr in bound if not _loopback(addr[0])]
+        if exposed and not self._guarded(protocol):
+            log.warning(
+                "listener %s on %s is reachable from other hosts with neither TLS nor"
+                " authentication: anyone who reaches it can publish, consume and delete",
+                protocol,
+                format_address(*exposed[0]),
+            )
+
+    def _guarded(self, protocol: str) -> bool:
+        """Whether a listener has TLS or authentication configured (docs/security)."""
+        s = self.settings
+        if protocol == "nsq":
+            return bool(s.tls_cert or s.nsqd.auth_http_addresses)
+        if protocol == "http":
+            return s.http_settings.auth_token is not None
+        if protocol == "nats":
+            n = s.nats_server
+            return bool(n.token or n.user)
+        if protocol == "nats-route":
+            return bool(s.nats_routing.user or (s.nats_routing.tls and s.tls_cert))
+        return False  # beanstalkd has neither

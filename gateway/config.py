@@ -152,6 +152,25 @@ class NATSRoutingSettings(_Section):
         return value
 
 
+class HTTPSettings(_Section):
+    """The HTTP listener's `[http]` table (its `address` key is the listener's address,
+    the same as the top-level `http = "host:port"`)."""
+
+    # With a token, every write (nsqd's /pub, /mpub, topic and channel actions, /config
+    # PUT) and every admin action needs `Authorization: Bearer <token>` (or basic auth
+    # with the token as password); without one they answer 401. /ping, /health and
+    # /ready never ask.
+    auth_token: str | None = Field(None, min_length=1)
+    # the reads too: /metrics, /stats, /info, the lookup endpoints and the admin page's data
+    protect_reads: bool = False
+
+    @model_validator(mode="after")
+    def _reads_need_token(self) -> HTTPSettings:
+        if self.protect_reads and self.auth_token is None:
+            raise ValueError("protect_reads needs an auth_token")
+        return self
+
+
 class MetricsSettings(_Section):
     # (topic, group) series exported at most; the rest are summed under "_other"
     max_series: int = Field(1000, ge=1)
@@ -224,10 +243,18 @@ class Settings(_Section):
     beanstalkd: BeanstalkSettings = Field(default_factory=BeanstalkSettings)
     nats_server: NATSServerSettings = Field(default_factory=NATSServerSettings)
     nats_routing: NATSRoutingSettings = Field(default_factory=NATSRoutingSettings)
+    # the [http] table (written `[http]` in a file, `GATEWAY_HTTP__<KEY>` in the
+    # environment): `http` itself stays the listener's address
+    http_settings: HTTPSettings = Field(default_factory=HTTPSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _http_table(cls, data: Any) -> Any:
+        return split_http_table(data) if isinstance(data, Mapping) else data
 
     @field_validator("store")
     @classmethod
@@ -275,6 +302,22 @@ class Settings(_Section):
         return None if value == OFF else parse_address(value)
 
 
+def split_http_table(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`[http]` written as a table: its `address` becomes the top-level `http` (the
+    listener), its other keys `http_settings`. A plain `http = "host:port"` is kept."""
+    out = dict(data)
+    table = out.get("http")
+    if isinstance(table, Mapping):
+        rest = dict(table)
+        address = rest.pop("address", None)
+        out["http_settings"] = _merge(dict(out.get("http_settings") or {}), rest)
+        if address is None:
+            del out["http"]
+        else:
+            out["http"] = address
+    return out
+
+
 _SECTIONS = {
     "nsqd": NSQDSettings,
     "beanstalkd": BeanstalkSettings,
@@ -284,6 +327,7 @@ _SECTIONS = {
     "storage": StorageSettings,
     "metrics": MetricsSettings,
     "archive": ArchiveSettings,
+    "http": HTTPSettings,  # GATEWAY_HTTP__AUTH_TOKEN; GATEWAY_HTTP alone is the address
 }
 
 
@@ -298,10 +342,15 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             model = _SECTIONS.get(section)
             if model is None or field not in model.model_fields:
                 continue
-            out.setdefault(section, {})[field] = _env_value(model, field, raw)
-        elif name in Settings.model_fields and name not in _SECTIONS:
+            key = "http_settings" if section == "http" else section
+            out.setdefault(key, {})[field] = _env_value(model, field, raw)
+        elif name in Settings.model_fields and not _is_section(name):
             out[name] = _env_value(Settings, name, raw)
     return out
+
+
+def _is_section(name: str) -> bool:
+    return name != "http" and (name in _SECTIONS or name == "http_settings")
 
 
 def _env_value(model: type[BaseModel], field: str, raw: str) -> Any:
@@ -323,7 +372,29 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_file(path: str | Path) -> dict[str, Any]:
     with open(path, "rb") as f:
-        return tomllib.load(f)
+        raw = f.read()
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if _http_clash(raw):
+            raise ValueError(
+                f'{path}: `http = "host:port"` and an [http] table cannot both appear'
+                " (TOML allows one key http); move the address into the table as"
+                ' `address = "host:port"`'
+            ) from exc
+        raise ValueError(f"{path}: not valid TOML: {exc}") from exc
+    return split_http_table(data)
+
+
+def _http_clash(raw: bytes) -> bool:
+    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines()]
+    top_level = []
+    for line in lines:
+        if line.startswith("["):
+            break
+        top_level.append(line)
+    has_key = any(line.split("=", 1)[0].strip() == "http" for line in top_level if "=" in line)
+    return has_key and any(line.split("#", 1)[0].strip() == "[http]" for line in lines)
 
 
 def load(
@@ -347,6 +418,8 @@ def describe_errors(error: ValidationError) -> list[str]:
     lines = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(file)"
+        if where.startswith("http_settings"):
+            where = "http" + where.removeprefix("http_settings")  # as the file writes it
         # pydantic prefixes a validator's own message with "Value error, "
         message = item["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {message}")

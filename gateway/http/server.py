@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from gateway.http import admin, lookupd, nsqd, probes, prometheus
+from gateway.http import admin, auth, lookupd, nsqd, probes, prometheus
 from gateway.http.router import Router
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ def build_router(gateway: Gateway) -> Router:
     probes.register(router, gateway)
     prometheus.register(router, gateway)
     admin.register(router, gateway)
+    auth.protect(router, gateway.settings.http_settings)
     return router
 
 
