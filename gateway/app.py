@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway.broker import Broker
-from gateway.config import Settings, parse_address
+from gateway.config import NATSPermission, NATSPermissions, Settings, parse_address
 from gateway.http import serve as serve_http
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk.server import BeanstalkServer
 from gateway.protocols.beanstalk.session import BeanstalkSession
 from gateway.protocols.nats.client_session import NATSClientSession
 from gateway.protocols.nats.cluster import Cluster
+from gateway.protocols.nats.permissions import Permissions
 from gateway.protocols.nats.server import NATSServer
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
     from gateway.archive.writer import Archive
 
 log = logging.getLogger("gateway")
+
+
+def _permissions(p: NATSPermissions | None) -> Permissions | None:
+    if p is None or (p.publish is None and p.subscribe is None):
+        return None
+    publish = p.publish or NATSPermission()
+    subscribe = p.subscribe or NATSPermission()
+    return Permissions.of(publish.allow, publish.deny, subscribe.allow, subscribe.deny)
 
 
 def _loopback(host: str) -> bool:
@@ -132,6 +141,7 @@ class Gateway:
             user=n.user,
             password=n.password,
             token=n.token,
+            users={u.user: (u.password, _permissions(u.permissions)) for u in n.users},
             server_name=n.server_name,
         )
         self.cluster = self._cluster()
@@ -346,7 +356,7 @@ class Gateway:
             return s.http_settings.auth_token is not None
         if protocol == "nats":
             n = s.nats_server
-            return bool(n.token or n.user)
+            return bool(n.token or n.user or n.users)
         if protocol == "nats-route":
             return bool(s.nats_routing.user or (s.nats_routing.tls and s.tls_cert))
         return False  # beanstalkd has neither

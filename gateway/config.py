@@ -98,6 +98,46 @@ class BeanstalkSettings(_Section):
     default_ttr: int = Field(60, ge=1)  # seconds, for messages published without a ttr (NSQ, NATS)
 
 
+class NATSPermission(_Section):
+    """Subject patterns a user may (allow) or may not (deny) use; no allow list: all."""
+
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _patterns(cls, value: list[str] | None) -> list[str] | None:
+        from gateway.subjects import is_valid_subscription
+
+        bad = [
+            p for p in value or [] if not is_valid_subscription(p) or any(c.isspace() for c in p)
+        ]
+        if bad:
+            raise ValueError(f"invalid subject patterns: {bad}")
+        return value
+
+
+class NATSPermissions(_Section):
+    """nats-server's `permissions`: `publish` and `subscribe`, each a list of allowed
+    subjects or a table with `allow` and `deny`."""
+
+    publish: NATSPermission | None = None
+    subscribe: NATSPermission | None = None
+
+    @field_validator("publish", "subscribe", mode="before")
+    @classmethod
+    def _list_is_allow(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        return {"allow": value} if isinstance(value, list) else value
+
+
+class NATSUser(_Section):
+    user: str = Field(min_length=1)
+    password: str
+    permissions: NATSPermissions | None = None
+
+
 class NATSServerSettings(_Section):
     """NATS client-protocol behaviour; defaults follow nats-server's."""
 
@@ -109,7 +149,18 @@ class NATSServerSettings(_Section):
     user: str | None = None  # user/password, or token: what CONNECT must carry
     password: str | None = None
     token: str | None = None
+    # several users, each with its own permissions (nats-server's `users` block)
+    users: list[NATSUser] = Field(default_factory=list)
     server_name: str = "gateway"
+
+    @model_validator(mode="after")
+    def _one_kind_of_auth(self) -> NATSServerSettings:
+        if self.token is not None and (self.user is not None or self.users):
+            raise ValueError("token and users cannot both be set (as in nats-server)")
+        names = [u.user for u in self.users] + ([self.user] if self.user is not None else [])
+        if len(names) != len(set(names)):
+            raise ValueError("a user name appears twice")
+        return self
 
 
 class NATSRoutingSettings(_Section):

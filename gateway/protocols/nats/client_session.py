@@ -18,6 +18,7 @@ from gateway.broker import query
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
+from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription, matches
@@ -54,7 +55,7 @@ def encode_headers(pairs: list[tuple[str, str]]) -> bytes:
 class Subscription:
     """A client's SUB: the broker calls `tap` for every message on a matching subject."""
 
-    __slots__ = ("delivered", "max_msgs", "queue", "session", "sid", "subject")
+    __slots__ = ("delivered", "filtered", "max_msgs", "queue", "session", "sid", "subject")
 
     def __init__(self, session: NATSClientSession, subject: str, queue: str | None, sid: str):
         self.session = session
@@ -63,10 +64,15 @@ class Subscription:
         self.sid = sid
         self.max_msgs: int | None = None
         self.delivered = 0
+        # a wildcard that overlaps the user's subscribe deny list: each message is checked
+        perms = session.perms
+        self.filtered = perms is not None and perms.filters_delivery(subject)
 
     def tap(self, message: Message, publisher: object | None) -> None:
         session = self.session
         if publisher is session and not session.echo:
+            return
+        if self.filtered and not session.perms.can_receive(message.topic):  # type: ignore[union-attr]
             return
         self.delivered += 1
         session.send_message(self, message)
@@ -88,6 +94,7 @@ class NATSClientSession(QueuedWriter):
         self.headers = False
         self.no_responders = False
         self.name = ""
+        self.perms: Permissions | None = None  # the user's, from CONNECT; None: all
         server.next_client_id += 1
         self.client_id = server.next_client_id
         self._fd = socket_fd(stream)
@@ -212,9 +219,11 @@ class NATSClientSession(QueuedWriter):
                 self._error("Authorization Violation")
                 return False
             if cls is ev.Pub:
-                self._publish(event.subject, event.reply, event.payload, None)  # type: ignore[union-attr]
+                if not self._publish(event.subject, event.reply, event.payload, None):  # type: ignore[union-attr]
+                    continue
             elif cls is ev.HPub:
-                self._publish(event.subject, event.reply, event.payload, event.headers)  # type: ignore[union-attr]
+                if not self._publish(event.subject, event.reply, event.payload, event.headers):  # type: ignore[union-attr]
+                    continue
             elif cls is ev.Ping:
                 out.append(cc.PONG)
                 continue
@@ -247,9 +256,10 @@ class NATSClientSession(QueuedWriter):
     def _connect(self, event: ev.Connect) -> bool:
         options = event.options
         option = cc.connect_option
-        if not self.server.check_auth(
+        accepted, self.perms = self.server.authenticate(
             option(options, "user"), option(options, "pass"), option(options, "auth_token")
-        ):
+        )
+        if not accepted:
             self._error("Authorization Violation")
             return False
         self.verbose = option(options, "verbose") is True
@@ -265,7 +275,12 @@ class NATSClientSession(QueuedWriter):
 
     def _publish(
         self, subject: str, reply: str | None, payload: bytes, block: bytes | None
-    ) -> None:
+    ) -> bool:
+        """False when the publish was refused before anything happened (no +OK)."""
+        if self.perms is not None and not self.perms.can_publish(subject):
+            # nats-server: the message is dropped, the connection stays
+            self._error(violation("Publish", subject))
+            return False
         broker = self.server.broker
         topic = query.topic(broker, subject)
         try:
@@ -283,11 +298,12 @@ class NATSClientSession(QueuedWriter):
             # a subject a queue keeps, and the store cannot write: nothing was queued; the
             # connection stays up (NATS publishes are at most once)
             self._error("Store Unavailable")
-            return
+            return True
         if reply and self.no_responders:
             kept = topic is not None and query.has_groups(topic)
             if not kept and not broker.taps.interested(subject):
                 self._answer_no_responders(reply)
+        return True
 
     def _answer_no_responders(self, reply: str) -> None:
         """nats-server's answer to a request nobody can serve: a 503 status on the reply
@@ -300,6 +316,9 @@ class NATSClientSession(QueuedWriter):
     def _subscribe(self, event: ev.Sub) -> bool:
         if not is_valid_subscription(event.subject):
             self._error("Invalid Subject")
+            return False
+        if self.perms is not None and not self.perms.can_subscribe(event.subject):
+            self._error(violation("Subscription", event.subject, event.queue))
             return False
         old = self.subs.get(event.sid)
         if old is not None:

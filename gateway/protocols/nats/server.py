@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.broker import Broker
 from gateway.metrics import Metrics
+from gateway.protocols.nats.permissions import Permissions
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.client_session import NATSClientSession
@@ -27,6 +29,8 @@ class NATSServer:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    # user -> (password, permissions or None for all); `user` above is one more of them
+    users: dict[str, tuple[str, Permissions | None]] = field(default_factory=dict)
     server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])
     server_name: str = "gateway"
     sessions: set[NATSClientSession] = field(default_factory=set)
@@ -36,11 +40,23 @@ class NATSServer:
 
     @property
     def auth_required(self) -> bool:
-        return self.user is not None or self.token is not None
+        return self.user is not None or self.token is not None or bool(self.users)
 
-    def check_auth(self, user: object, password: object, token: object) -> bool:
+    def authenticate(
+        self, user: object, password: object, token: object
+    ) -> tuple[bool, Permissions | None]:
+        """Whether CONNECT's credentials are accepted, and the user's permissions (None:
+        everything), a copy of its own for the connection."""
         if self.token is not None:
-            return token == self.token
-        if self.user is not None:
-            return user == self.user and password == self.password
-        return True
+            return hmac.compare_digest(_bytes(token), self.token.encode()), None
+        if self.user is not None and user == self.user:
+            return hmac.compare_digest(_bytes(password), _bytes(self.password)), None
+        entry = self.users.get(user) if isinstance(user, str) else None
+        if entry is not None:
+            ok = hmac.compare_digest(_bytes(password), entry[0].encode())
+            return ok, None if entry[1] is None else entry[1].fresh()
+        return not self.auth_required, None
+
+
+def _bytes(value: object) -> bytes:
+    return value.encode() if isinstance(value, str) else b"\x00not a string"
