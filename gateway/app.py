@@ -25,10 +25,12 @@ from gateway.protocols.nats.permissions import Permissions
 from gateway.protocols.nats.server import NATSServer
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits
+from gateway.protocols.nsq.codec import error_frame as nsq_error_frame
 from gateway.protocols.nsq.negotiation import ServerFeatures
 from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store
+from gateway.tcp import ConnectionLimits
 from gateway.tcp import serve as serve_tcp
 
 if TYPE_CHECKING:
@@ -134,7 +136,7 @@ class Gateway:
             self.broker,
             self.metrics,
             max_payload=n.max_payload,
-            max_pending=n.max_pending,
+            max_pending=min(n.max_pending, s.limits.max_pending_bytes),
             max_control_line=n.max_control_line,
             ping_interval=n.ping_interval,
             ping_max=n.ping_max,
@@ -276,8 +278,9 @@ class Gateway:
                 ):
                     address = self.settings.address(setting)
                     if address is not None:
+                        limits = self._limits(protocol)
                         listeners = await self._bind(
-                            nursery, protocol, address, serve_tcp, protocol, handle
+                            nursery, protocol, address, serve_tcp, protocol, handle, limits
                         )
                         self._announce(protocol, [_bound_address(lst) for lst in listeners])
                 # after the others: /info and /lookup report their ports
@@ -319,6 +322,39 @@ class Gateway:
         except OSError as exc:
             where = f"{protocol} listener {format_address(*address)}"
             raise OSError(f"{where}: {exc.strerror or exc}") from exc
+
+    def _limits(self, protocol: str) -> ConnectionLimits:
+        refusals = {
+            "nsq": self._refuse_nsq,
+            "beanstalk": self._refuse_beanstalk,
+            "nats": self._refuse_nats,
+            "nats-route": self._refuse_silently,
+        }
+        counter = self.metrics.connections_refused
+        lim = self.settings.limits
+        return ConnectionLimits(
+            lim.max_connections,
+            lim.max_connections_per_ip,
+            refusals[protocol],
+            lambda reason: counter.labels(protocol, reason).inc(),
+        )
+
+    async def _refuse_nats(self, stream: trio.SocketStream, remote: str) -> None:
+        # nats-server: its INFO, then this error, then the close
+        info = NATSClientSession(self.nats, stream, remote)._info()
+        await stream.send_all(info + b"-ERR 'maximum connections exceeded'\r\n")
+
+    async def _refuse_nsq(self, stream: trio.SocketStream, remote: str) -> None:
+        # nsqd has no connection limit: an error frame, as for any refused command
+        await stream.send_all(nsq_error_frame(b"E_TOO_MANY_CONNECTIONS too many connections"))
+
+    async def _refuse_beanstalk(self, stream: trio.SocketStream, remote: str) -> None:
+        # beanstalkd's reply when it lacks the resources for a command: the client's first
+        # command gets it as its reply
+        await stream.send_all(b"OUT_OF_MEMORY\r\n")
+
+    async def _refuse_silently(self, stream: trio.SocketStream, remote: str) -> None:
+        return None  # a route: the dialing server logs the close and redials
 
     async def _nsq_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await NSQSession(self.nsq, stream, remote).run()

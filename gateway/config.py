@@ -271,6 +271,18 @@ class ArchiveSettings(_Section):
         return value
 
 
+class LimitsSettings(_Section):
+    """Bounds on what clients can make the gateway hold (README, Limits)."""
+
+    # connections one TCP listener (NSQ, beanstalkd, NATS) takes; past it the new one is
+    # refused in its protocol's words (NATS: nats-server's 'maximum connections exceeded')
+    max_connections: int = Field(10_000, ge=1)
+    max_connections_per_ip: int = Field(1_000, ge=1)  # from one client address, per listener
+    # bytes queued for one NATS client before it is cut off as a slow consumer (the
+    # smaller of this and nats_server.max_pending)
+    max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+
+
 class BrokerSettings(_Section):
     max_attempts: int = Field(0, ge=0)  # 0: retry for ever; else bury past this many
 
@@ -301,6 +313,7 @@ class Settings(_Section):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -378,6 +391,7 @@ _SECTIONS = {
     "storage": StorageSettings,
     "metrics": MetricsSettings,
     "archive": ArchiveSettings,
+    "limits": LimitsSettings,
     "http": HTTPSettings,  # GATEWAY_HTTP__AUTH_TOKEN; GATEWAY_HTTP alone is the address
 }
 

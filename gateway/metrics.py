@@ -27,6 +27,12 @@ class Metrics:
             ["protocol"],
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "gateway_connections_refused_total",
+            "Client connections refused by a [limits] setting",
+            ["protocol", "reason"],
+            registry=self.registry,
+        )
         self.protocol_errors = Counter(
             "gateway_protocol_errors_total",
             "Bad input answered with the protocol's error reply",

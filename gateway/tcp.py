@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -20,9 +23,43 @@ def peer_name(stream: trio.SocketStream) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+Handle = Callable[[trio.SocketStream, str], Awaitable[None]]
+
+
+@dataclass
+class ConnectionLimits:
+    """How many connections one listener takes, in all and from one address. Past
+    either, `refuse` answers the new connection in its protocol's words (bounded to a
+    second) and it is closed; `refused(reason)` counts it."""
+
+    max_connections: int
+    max_per_ip: int
+    refuse: Handle
+    refused: Callable[[str], None]
+    open: int = 0
+    per_ip: Counter[str] = field(default_factory=Counter)
+
+    def admit(self, ip: str) -> str | None:
+        """None when admitted (and counted), else the reason for refusing."""
+        if self.open >= self.max_connections:
+            return "max_connections"
+        if self.per_ip[ip] >= self.max_per_ip:
+            return "max_connections_per_ip"
+        self.open += 1
+        self.per_ip[ip] += 1
+        return None
+
+    def release(self, ip: str) -> None:
+        self.open -= 1
+        self.per_ip[ip] -= 1
+        if not self.per_ip[ip]:
+            del self.per_ip[ip]
+
+
 async def serve(
     protocol: str,
-    handle: Callable[[trio.SocketStream, str], Awaitable[None]],
+    handle: Handle,
+    limits: ConnectionLimits | None,
     host: str,
     port: int,
     *,
@@ -32,11 +69,24 @@ async def serve(
 
     async def handler(stream: trio.SocketStream) -> None:
         remote = peer_name(stream)
+        ip = remote.rpartition(":")[0]
+        if limits is not None:
+            reason = limits.admit(ip)
+            if reason is not None:
+                limits.refused(reason)
+                log.info("%s connection from %s refused: %s reached", protocol, remote, reason)
+                with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
+                    await limits.refuse(stream, remote)
+                await trio.aclose_forcefully(stream)
+                return
         try:
             await handle(stream, remote)
         except Exception:
             # A bug triggered by one client must not take the listener down with it.
             log.exception("%s connection from %s failed", protocol, remote)
+        finally:
+            if limits is not None:
+                limits.release(ip)
 
     # serve_listeners backs off and logs on EMFILE-like accept errors instead of dying
     await trio.serve_listeners(handler, listeners, task_status=task_status)

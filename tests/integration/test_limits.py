@@ -1,0 +1,157 @@
+"""`[limits]`: connections per listener and per address, refused in each protocol's own
+words and counted, with the connections already open untouched; and a NATS subscriber
+that stops reading is cut off at `max_pending_bytes` while the others keep receiving."""
+
+from __future__ import annotations
+
+import resource
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.app import Gateway
+from tests.clients.nats import servers
+from tests.helpers import read_to_close, read_until, running_gateway
+
+Address = tuple[str, int]
+
+
+def refused(gw: Gateway, protocol: str, reason: str) -> float:
+    for metric in gw.metrics.registry.collect():
+        if metric.name == "gateway_connections_refused":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.labels == {
+                    "protocol": protocol,
+                    "reason": reason,
+                }:
+                    return sample.value
+    return 0.0
+
+
+async def nats_client(address: Address) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream(*address)
+    await read_until(stream, b"\r\n")
+    await stream.send_all(b'CONNECT {"verbose":false}\r\nPING\r\n')
+    assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+    return stream
+
+
+@pytest.fixture(params=["nats-server", "gateway"])
+async def nats_with_three(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Address, Gateway | None]]:
+    """A NATS server that takes three connections: a real nats-server
+    (`max_connections: 3`), or the gateway with `[limits] max_connections = 3`."""
+    if request.param == "nats-server":
+        conf = tmp_path / "max.conf"
+        conf.write_text("max_connections: 3\n")
+        async with servers.real_nats_server("-c", str(conf)) as address:
+            yield address, None
+    else:
+        async with running_gateway(nats="127.0.0.1:0", limits__max_connections=3) as gw:
+            yield gw.addresses["nats"], gw
+
+
+@pytest.mark.clients
+async def test_nats_max_connections_as_nats_server(
+    nats_with_three: tuple[Address, Gateway | None],
+) -> None:
+    address, gw = nats_with_three
+    clients = [await nats_client(address) for _ in range(3)]
+    extra = await trio.open_tcp_stream(*address)
+    got = await read_to_close(extra)
+    info, _, rest = got.partition(b"\r\n")
+    assert info.startswith(b"INFO {")
+    assert rest == b"-ERR 'maximum connections exceeded'\r\n"
+    # the open ones are untouched
+    await clients[0].send_all(b"SUB s 1\r\nPING\r\n")
+    assert await read_until(clients[0], b"PONG\r\n") == b"PONG\r\n"
+    await clients[1].send_all(b"PUB s 2\r\nhi\r\nPING\r\n")
+    assert await read_until(clients[1], b"PONG\r\n") == b"PONG\r\n"
+    assert await read_until(clients[0], b"hi\r\n") == b"MSG s 1 2\r\nhi\r\n"
+    # one leaves: there is room again
+    await clients[2].aclose()
+    with trio.fail_after(10):
+        while True:  # the server notices the close asynchronously
+            try:
+                clients[2] = await nats_client(address)
+                break
+            except AssertionError:
+                await trio.sleep(0.01)
+    if gw is not None:
+        assert refused(gw, "nats", "max_connections") >= 1
+
+
+async def test_nsq_and_beanstalk_refusals_per_ip() -> None:
+    async with running_gateway(
+        nsq="127.0.0.1:0", beanstalk="127.0.0.1:0", limits__max_connections_per_ip=2
+    ) as gw:
+        # beanstalkd: two work; the third's first command gets OUT_OF_MEMORY
+        bs = [await trio.open_tcp_stream(*gw.addresses["beanstalk"]) for _ in range(2)]
+        for s in bs:
+            await s.send_all(b"use t\r\n")
+            assert await read_until(s, b"\r\n") == b"USING t\r\n"
+        third = await trio.open_tcp_stream(*gw.addresses["beanstalk"])
+        await third.send_all(b"put 0 0 10 1\r\nx\r\n")
+        assert await read_to_close(third) == b"OUT_OF_MEMORY\r\n"
+        await bs[0].send_all(b"put 0 0 10 1\r\nx\r\n")
+        assert (await read_until(bs[0], b"\r\n")).startswith(b"INSERTED ")
+        # NSQ: an error frame, then the close
+        nsq = [await trio.open_tcp_stream(*gw.addresses["nsq"]) for _ in range(2)]
+        for s in nsq:
+            await s.send_all(b"  V2NOP\n")
+        third = await trio.open_tcp_stream(*gw.addresses["nsq"])
+        await third.send_all(b"  V2")
+        got = await read_to_close(third)
+        body = b"E_TOO_MANY_CONNECTIONS too many connections"
+        assert got == (len(body) + 4).to_bytes(4, "big") + (1).to_bytes(4, "big") + body
+        assert refused(gw, "beanstalk", "max_connections_per_ip") == 1
+        assert refused(gw, "nsq", "max_connections_per_ip") == 1
+
+
+async def test_a_nats_subscriber_that_stops_reading_is_cut_off() -> None:
+    """64 MB published to two subscribers of which one never reads: it is cut off at
+    max_pending_bytes (1 MB here), the reader gets every message, the gateway's memory
+    stays far below what it was sent."""
+    limit = 1024 * 1024
+    size, count = 65536, 1024  # 64 MiB
+    async with running_gateway(nats="127.0.0.1:0", limits__max_pending_bytes=limit) as gw:
+        address = gw.addresses["nats"]
+        slow = await nats_client(address)
+        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        await slow.send_all(b"SUB big 1\r\nPING\r\n")
+        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        reader = await nats_client(address)
+        await reader.send_all(b"SUB big 1\r\nPING\r\n")
+        assert await read_until(reader, b"PONG\r\n") == b"PONG\r\n"
+        publisher = await nats_client(address)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        payload = b"p" * size
+        frame = b"PUB big %d\r\n%s\r\n" % (size, payload)
+        received = 0
+
+        async def read_all() -> None:
+            nonlocal received
+            want = count * (len(b"MSG big 1 65536\r\n") + size + 2)
+            while received < want:
+                chunk = await reader.receive_some(1 << 20)
+                assert chunk
+                received += len(chunk)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_all)
+                for i in range(0, count, 16):
+                    await publisher.send_all(frame * 16)
+                    if i % 256 == 0:
+                        await publisher.send_all(b"PING\r\n")
+                        await read_until(publisher, b"PONG\r\n")
+        # the slow one was closed by the gateway: what it can still read ends in EOF
+        with trio.fail_after(10):
+            while await slow.receive_some(1 << 20):
+                pass
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+        assert grown_mb < 32, f"peak RSS grew {grown_mb:.0f} MB for 64 MB published"
