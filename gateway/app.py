@@ -32,6 +32,7 @@ from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store
 from gateway.tcp import ConnectionLimits
 from gateway.tcp import serve as serve_tcp
+from gateway.tls import Certificates, server_ssl_context
 
 if TYPE_CHECKING:
     from gateway.archive.writer import Archive
@@ -63,31 +64,16 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    """The listeners' TLS context; an error names the file it is about."""
-    for setting, path in (("tls_cert", cert), ("tls_key", key)):
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise OSError(f"{setting} {path}: {exc.strerror or exc}") from exc
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(cert, key)
-    except ssl.SSLError as exc:
-        raise OSError(
-            f"tls_cert {cert} / tls_key {key}: not a usable certificate and key: {exc}"
-        ) from exc
-    return ctx
-
-
 @dataclass
 class Gateway:
     settings: Settings
     store: Store | None = None
     metrics: Metrics = field(default_factory=Metrics)
-    ssl_context: ssl.SSLContext | None = None
+    ssl_context: ssl.SSLContext | None = None  # NSQ's (the IDENTIFY upgrade)
+    # the certificate files and every context showing them (SIGHUP reloads them)
+    certificates: Certificates | None = field(default=None, init=False)
+    nats_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
+    http_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     # life cycle, for the readiness probes: set once every listener is bound, and when
     # the gateway starts to stop
@@ -109,8 +95,18 @@ class Gateway:
         s = self.settings
         if self.store is None:
             self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync)
-        if self.ssl_context is None and s.tls_cert and s.tls_key:
-            self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
+        t = s.tls_settings
+        self.certificates = (
+            Certificates(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
+        )
+        client_ca = t.client_ca if t.verify else None
+        if self.ssl_context is None and self.certificates and "nsq" in t.listeners:
+            self.ssl_context = self.certificates.server_context()
+        self.nats_ssl_context = self.http_ssl_context = None
+        if self.certificates and "nats" in t.listeners:
+            self.nats_ssl_context = self.certificates.server_context(client_ca)
+        if self.certificates and "http" in t.listeners:
+            self.http_ssl_context = self.certificates.server_context(client_ca)
         self.archive = self._archive()
         self.broker = Broker(
             self.store,
@@ -143,6 +139,8 @@ class Gateway:
             user=n.user,
             password=n.password,
             token=n.token,
+            ssl_context=self.nats_ssl_context,
+            tls_verify=s.tls_settings.verify,
             users={u.user: (u.password, _permissions(u.permissions)) for u in n.users},
             server_name=n.server_name,
         )
@@ -204,6 +202,9 @@ class Gateway:
         if s.tls_cert and s.tls_key:
             client.load_cert_chain(s.tls_cert, s.tls_key)
             server = server_ssl_context(s.tls_cert, s.tls_key)
+            if self.certificates is not None:  # a SIGHUP reloads these too
+                self.certificates.adopt(client)
+                self.certificates.adopt(server)
             server.verify_mode = ssl.CERT_REQUIRED
             if ca:
                 server.load_verify_locations(ca)

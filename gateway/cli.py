@@ -83,13 +83,24 @@ def _stop_early(signum: int, frame: object) -> None:
 
 async def _serve(gateway: Gateway) -> None:
     log = logging.getLogger("gateway")
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) as signals:
+    with trio.open_signal_receiver(
+        signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP
+    ) as signals:
         if _early_stop:
             log.info("signal %s during start-up: not starting", signal.Signals(_early_stop[0]).name)
             return
         async with trio.open_nursery() as nursery:
             await nursery.start(gateway.serve)
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    # a renewed certificate: new connections get it, open ones keep theirs.
+                    # On the event loop, not a thread: an SSLContext must not change
+                    # while a handshake reads it, and two small files are read at once.
+                    if gateway.certificates is not None:
+                        gateway.certificates.reload()
+                    else:
+                        log.info("signal SIGHUP: no TLS certificate to reload")
+                    continue
                 if signum == signal.SIGUSR1:
                     # beanstalkd's drain mode: every later put answers DRAINING
                     gateway.beanstalk.draining = True

@@ -203,6 +203,27 @@ class NATSRoutingSettings(_Section):
         return value
 
 
+class TLSSettings(_Section):
+    """The `[tls]` table: `cert` and `key` are the top-level `tls_cert` and `tls_key`
+    (`--tls-cert`, `--tls-key`, GATEWAY_TLS_CERT); the rest is here."""
+
+    # a CA whose client certificates are accepted, and whether one is required: NATS
+    # clients (nats-server's tls_verify) and HTTPS (mutual TLS)
+    client_ca: str | None = None
+    verify: bool = False
+    # the listeners that use the certificate (NSQ: offered through IDENTIFY; NATS:
+    # required, as nats-server with a tls block; HTTP: HTTPS, HTTP/2 by ALPN)
+    listeners: list[Literal["nsq", "nats", "http"]] = Field(
+        default_factory=lambda: ["nsq", "nats", "http"]
+    )
+
+    @model_validator(mode="after")
+    def _verify_needs_ca(self) -> TLSSettings:
+        if self.verify and self.client_ca is None:
+            raise ValueError("verify needs a client_ca")
+        return self
+
+
 class HTTPSettings(_Section):
     """The HTTP listener's `[http]` table (its `address` key is the listener's address,
     the same as the top-level `http = "host:port"`)."""
@@ -309,6 +330,7 @@ class Settings(_Section):
     # the [http] table (written `[http]` in a file, `GATEWAY_HTTP__<KEY>` in the
     # environment): `http` itself stays the listener's address
     http_settings: HTTPSettings = Field(default_factory=HTTPSettings)
+    tls_settings: TLSSettings = Field(default_factory=TLSSettings)  # the [tls] table
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
@@ -366,19 +388,29 @@ class Settings(_Section):
         return None if value == OFF else parse_address(value)
 
 
+# Tables whose keys partly live at the top level: table -> (settings field, {table key:
+# top-level key}).
+_SPLIT_TABLES = {
+    "http": ("http_settings", {"address": "http"}),
+    "tls": ("tls_settings", {"cert": "tls_cert", "key": "tls_key"}),
+}
+
+
 def split_http_table(data: Mapping[str, Any]) -> dict[str, Any]:
     """`[http]` written as a table: its `address` becomes the top-level `http` (the
-    listener), its other keys `http_settings`. A plain `http = "host:port"` is kept."""
+    listener), its other keys `http_settings`. A plain `http = "host:port"` is kept.
+    Likewise `[tls]`: `cert` and `key` become `tls_cert` and `tls_key`."""
     out = dict(data)
-    table = out.get("http")
-    if isinstance(table, Mapping):
+    for name, (settings, top_level) in _SPLIT_TABLES.items():
+        table = out.get(name)
+        if not isinstance(table, Mapping):
+            continue
         rest = dict(table)
-        address = rest.pop("address", None)
-        out["http_settings"] = _merge(dict(out.get("http_settings") or {}), rest)
-        if address is None:
-            del out["http"]
-        else:
-            out["http"] = address
+        del out[name]
+        for key, top in top_level.items():
+            if key in rest:
+                out[top] = rest.pop(key)
+        out[settings] = _merge(dict(out.get(settings) or {}), rest)
     return out
 
 
@@ -393,6 +425,7 @@ _SECTIONS = {
     "archive": ArchiveSettings,
     "limits": LimitsSettings,
     "http": HTTPSettings,  # GATEWAY_HTTP__AUTH_TOKEN; GATEWAY_HTTP alone is the address
+    "tls": TLSSettings,  # GATEWAY_TLS__CLIENT_CA; GATEWAY_TLS_CERT is the top-level tls_cert
 }
 
 
@@ -407,7 +440,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             model = _SECTIONS.get(section)
             if model is None or field not in model.model_fields:
                 continue
-            key = "http_settings" if section == "http" else section
+            key = _SPLIT_TABLES[section][0] if section in _SPLIT_TABLES else section
             out.setdefault(key, {})[field] = _env_value(model, field, raw)
         elif name in Settings.model_fields and not _is_section(name):
             out[name] = _env_value(Settings, name, raw)
@@ -415,7 +448,9 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _is_section(name: str) -> bool:
-    return name != "http" and (name in _SECTIONS or name == "http_settings")
+    return name not in _SPLIT_TABLES and (
+        name in _SECTIONS or name in {settings for settings, _ in _SPLIT_TABLES.values()}
+    )
 
 
 def _env_value(model: type[BaseModel], field: str, raw: str) -> Any:
@@ -483,8 +518,9 @@ def describe_errors(error: ValidationError) -> list[str]:
     lines = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(file)"
-        if where.startswith("http_settings"):
-            where = "http" + where.removeprefix("http_settings")  # as the file writes it
+        for table, (settings, _) in _SPLIT_TABLES.items():
+            if where.startswith(settings):
+                where = table + where.removeprefix(settings)  # as the file writes it
         # pydantic prefixes a validator's own message with "Value error, "
         message = item["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {message}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 import trio
@@ -66,8 +67,26 @@ def _bind(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def _config(sockets: list[socket.socket]) -> Config:
-    config = Config()
+class _TLSConfig(Config):
+    """hypercorn serving HTTPS with the gateway's own context (so a SIGHUP reload of the
+    certificate reaches new connections), HTTP/2 offered by ALPN as RFC 7540 asks."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        context.set_alpn_protocols(self.alpn_protocols)  # h2, then http/1.1
+        context.options |= ssl.OP_NO_COMPRESSION
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return True
+
+    def create_ssl_context(self) -> ssl.SSLContext:
+        return self._context
+
+
+def _config(sockets: list[socket.socket], context: ssl.SSLContext | None) -> Config:
+    config = Config() if context is None else _TLSConfig(context)
     # hypercorn adopts the descriptors (fd://): the bound ports are ours to report
     config.bind = [f"fd://{sock.detach()}" for sock in sockets]
     config.include_server_header = False  # nsqd sends none
@@ -90,7 +109,7 @@ async def serve(
     sockets = _bind(host, port)
     bound = [sock.getsockname()[:2] for sock in sockets]
     router = build_router(gateway)
-    config = _config(sockets)
+    config = _config(sockets, gateway.http_ssl_context)
     async with trio.open_nursery() as nursery:
         await nursery.start(hypercorn_serve, router, config)
         task_status.started(bound)

@@ -125,7 +125,8 @@ class NATSClientSession(QueuedWriter):
                 nursery.start_soon(self._pinger)
                 self._out.append(self._info())
                 await self._flush()
-                await self._reader()
+                if server.ssl_context is None or await self._start_tls():
+                    await self._reader()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -157,7 +158,32 @@ class NATSClientSession(QueuedWriter):
         }
         if self.server.auth_required:
             doc["auth_required"] = True
+        if self.server.ssl_context is not None:
+            doc["tls_required"] = True
+            if self.server.tls_verify:
+                doc["tls_verify"] = True
         return cc.info(doc)
+
+    async def _start_tls(self) -> bool:
+        """nats-server's TLS: the client starts its handshake right after INFO; one that
+        does not, or fails it, is closed (False)."""
+        assert self.server.ssl_context is not None
+        tls = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
+        with trio.move_on_after(self.server.tls_timeout):
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                log.info("nats client %s: TLS handshake failed: %s", self.remote, exc.__cause__)
+                self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
+                return False
+            self.stream = tls
+            self._fd = None  # from now on every byte goes through the TLS stream
+            return True
+        log.info(
+            "nats client %s: no TLS handshake within %s s", self.remote, self.server.tls_timeout
+        )
+        self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
+        return False
 
     async def _pinger(self) -> None:
         """nats-server's ping timer: PING an idle client every ping_interval; a client that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,11 @@ class NATSServer:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    # TLS as nats-server with a `tls` block: required of every client, after INFO; with
+    # tls_verify a client certificate is required too
+    ssl_context: ssl.SSLContext | None = None
+    tls_verify: bool = False
+    tls_timeout: float = 2.0  # nats-server's tls timeout (seconds)
     # user -> (password, permissions or None for all); `user` above is one more of them
     users: dict[str, tuple[str, Permissions | None]] = field(default_factory=dict)
     server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])

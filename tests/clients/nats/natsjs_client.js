@@ -49,6 +49,7 @@ function parseArgs(argv) {
     max: 5,
     publish: 10,
     timeout: 60,
+    tlsca: '',  // a CA file: connect with TLS, trusting it
   }
   for (let i = 1; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '')
@@ -96,7 +97,9 @@ function headersOf(m) {
 const record = (m) => [m.subject, m.reply || '', sha(m.data), m.data.length, headersOf(m)]
 
 async function connect(args, out, name) {
-  const nc = await nats.connect({servers: `${args.host}:${args.port}`, name, reconnect: false})
+  const options = {servers: `${args.host}:${args.port}`, name, reconnect: false}
+  if (args.tlsca) options.tls = {caFile: args.tlsca}
+  const nc = await nats.connect(options)
   ;(async () => {
     for await (const s of nc.status()) {
       if (s.type === 'error' || s.type === 'disconnect') out.async_errors.push(`${name}: ${s.type} ${s.data}`)

@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -82,12 +83,18 @@ async def connect(args: argparse.Namespace, out: Result, name: str) -> Client:
     async def error_cb(exc: Exception) -> None:
         out["async_errors"].append(f"{name}: {type(exc).__name__}: {exc}")
 
+    tls = None
+    if args.tls_ca:  # TLS, trusting this CA, showing a client certificate if given
+        tls = ssl.create_default_context(cafile=args.tls_ca)
+        if args.tls_cert:
+            tls.load_cert_chain(args.tls_cert, args.tls_key)
     nc = await nats.connect(
-        servers=[f"nats://{args.host}:{args.port}"],
+        servers=[f"{'tls' if tls else 'nats'}://{args.host}:{args.port}"],
         name=name,
         allow_reconnect=False,
         connect_timeout=5,
         error_cb=error_cb,
+        tls=tls,
     )
     info = nc._server_info
     out.setdefault("server_info", {k: info.get(k) for k in ("proto", "headers", "max_payload")})
@@ -309,6 +316,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--max", type=int, default=5)
     p.add_argument("--publish", type=int, default=10)
+    p.add_argument("--tls-ca", help="connect with TLS, trusting this CA file")
+    p.add_argument("--tls-cert", help="a client certificate (with --tls-key)")
+    p.add_argument("--tls-key")
     return p.parse_args()
 
 
