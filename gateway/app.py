@@ -125,6 +125,8 @@ class Gateway:
             group_name=s.beanstalkd.group,
             max_job_size=s.beanstalkd.max_job_size,
             default_ttr=s.beanstalkd.default_ttr,
+            turn_budget=s.limits.turn_microseconds / 1e6,
+            max_errors_in_a_row=s.limits.max_errors_in_a_row,
         )
         self.metrics.before_scrape.append(self.beanstalk.report_bytes)
         n = s.nats_server
@@ -136,6 +138,8 @@ class Gateway:
             max_control_line=n.max_control_line,
             ping_interval=n.ping_interval,
             ping_max=n.ping_max,
+            turn_budget=s.limits.turn_microseconds / 1e6,
+            max_errors_in_a_row=s.limits.max_errors_in_a_row,
             user=n.user,
             password=n.password,
             token=n.token,
@@ -252,6 +256,7 @@ class Gateway:
             max_req_timeout=n.max_req_timeout,
             max_msg_timeout=n.max_msg_timeout,
             max_output_bytes=n.max_output_bytes,
+            turn_budget=self.settings.limits.turn_microseconds / 1e6,
             hostname=n.hostname if n.hostname != "localhost" else socket.gethostname(),
         )
 

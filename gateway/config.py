@@ -302,6 +302,12 @@ class LimitsSettings(_Section):
     # bytes queued for one NATS client before it is cut off as a slow consumer (the
     # smaller of this and nats_server.max_pending)
     max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+    # microseconds of commands one connection may run before the others get their turn:
+    # a client pipelining thousands of commands in one write cannot stall the rest
+    turn_microseconds: int = Field(50, ge=10, le=100_000)
+    # beanstalkd (which answers bad input for ever) and NATS errors that keep the
+    # connection: past this many in a row, the connection is closed
+    max_errors_in_a_row: int = Field(100, ge=1)
 
 
 class BrokerSettings(_Section):

@@ -24,7 +24,7 @@ from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk import stats
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
 from gateway.stores.base import StoreError
-from gateway.tcp import receive, socket_fd, try_write
+from gateway.tcp import Turn, receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.beanstalk")
 
@@ -63,6 +63,8 @@ class BeanstalkSession:
         self._unreported_in = 0
         self._unreported_out = 0
         self._origin = f"beanstalk {remote}"
+        self._turn = Turn(server.turn_budget)
+        self._errors_in_a_row = 0
 
     # -- life cycle ------------------------------------------------------------
 
@@ -126,7 +128,23 @@ class BeanstalkSession:
         start = len(out)
         published = False
         keep_open = True
-        while (event := codec.next_event()) is not None:
+        turn = self._turn
+        turn.start()
+        while True:
+            if turn.over():
+                # this connection had its share: what it has done so far is answered
+                # (committed first), then everyone else runs before its next command
+                if published:
+                    await self._commit(start)
+                    published = False
+                await self._flush()
+                await self._turn.pause()
+                out = self._out
+                start = len(out)
+                turn.start()
+            event = codec.next_event()
+            if event is None:
+                break
             cls = event.__class__
             if cls is ev.Put:
                 reply = self._put(event)  # type: ignore[arg-type]
@@ -142,8 +160,23 @@ class BeanstalkSession:
                 break
             else:
                 handler = _HANDLERS.get(cls)
-                # no handler: Reply or PutRejected
-                reply = self._rejected(event) if handler is None else handler(self, event)
+                if handler is None:  # Reply or PutRejected: bad input
+                    reply = self._rejected(event)
+                    self._errors_in_a_row += 1
+                    if self._errors_in_a_row >= self.server.max_errors_in_a_row:
+                        # beanstalkd answers bad input for ever; a client that sends
+                        # nothing else is cut off instead (README, Limits)
+                        log.info(
+                            "beanstalk client %s: %d protocol errors in a row: closing",
+                            self.remote,
+                            self._errors_in_a_row,
+                        )
+                        out.append(reply)
+                        keep_open = False
+                        break
+                else:
+                    reply = handler(self, event)
+                    self._errors_in_a_row = 0
             out.append(reply)
             if self._eof:
                 keep_open = False

@@ -22,7 +22,10 @@ from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription, matches
-from gateway.tcp import QueuedWriter, receive, socket_fd
+from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
+
+# what _process tells the reader
+_DONE, _MORE, _CLOSE = object(), object(), object()
 
 log = logging.getLogger("gateway.nats")
 
@@ -95,6 +98,9 @@ class NATSClientSession(QueuedWriter):
         self.no_responders = False
         self.name = ""
         self.perms: Permissions | None = None  # the user's, from CONNECT; None: all
+        self._turn = Turn(server.turn_budget)
+        self._erred = False
+        self._errors_in_a_row = 0
         server.next_client_id += 1
         self.client_id = server.next_client_id
         self._fd = socket_fd(stream)
@@ -128,7 +134,9 @@ class NATSClientSession(QueuedWriter):
                 if server.ssl_context is None or await self._start_tls():
                     await self._reader()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            # the peer went away (a reset, a close mid-write): normal, nothing to log;
+            # from the reader or the writer task, so it arrives in the nursery's group
             pass
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
@@ -218,32 +226,55 @@ class NATSClientSession(QueuedWriter):
             self._heard = True
             bytes_in.inc(len(data))
             self.codec.receive_data(data)
-            if not self._process():
-                await self._flush()
-                return
-            dirty = self.server.dirty
-            if dirty:
-                for session in dirty:
-                    if session is not self:
-                        session.write_now()
-                    else:
-                        self._dirty = False
-                dirty.clear()
-            if not self._sending:
-                await self._flush()
-            else:
-                self._wake.set()
+            while True:
+                outcome = self._process()
+                if outcome is _CLOSE:
+                    await self._flush()
+                    return
+                dirty = self.server.dirty
+                if dirty:
+                    for session in dirty:
+                        if session is not self:
+                            session.write_now()
+                        else:
+                            self._dirty = False
+                    dirty.clear()
+                if not self._sending:
+                    await self._flush()
+                else:
+                    self._wake.set()
+                if outcome is _DONE:
+                    break
+                # its turn is over (Turn): everyone else runs before the rest of the buffer
+                await self._turn.pause()
 
     # -- commands -----------------------------------------------------------------
 
-    def _process(self) -> bool:
-        """Apply every complete operation; False when the connection must close."""
+    def _process(self) -> object:
+        """Apply the complete operations of one turn: _DONE when none is left, _MORE when
+        the turn ended first, _CLOSE when the connection must close."""
         out = self._out
-        while (event := self.codec.next_event()) is not None:
+        turn = self._turn
+        turn.start()
+        codec = self.codec
+        while True:
+            if self._erred:  # the last operation was answered with -ERR
+                self._erred = False
+                if self._errors_in_a_row >= self.server.max_errors_in_a_row:
+                    log.info("nats client %s: %d errors in a row: closing", self.remote,
+                             self._errors_in_a_row)  # fmt: skip
+                    return _CLOSE
+            else:
+                self._errors_in_a_row = 0
+            if turn.over():
+                return _MORE
+            event = codec.next_event()
+            if event is None:
+                break
             cls = event.__class__
             if not self.connected and cls is not ev.Connect and self.server.auth_required:
                 self._error("Authorization Violation")
-                return False
+                return _CLOSE
             if cls is ev.Pub:
                 if not self._publish(event.subject, event.reply, event.payload, None):  # type: ignore[union-attr]
                     continue
@@ -263,21 +294,23 @@ class NATSClientSession(QueuedWriter):
                 self._unsubscribe(event)  # type: ignore[arg-type]
             elif cls is ev.Connect:
                 if not self._connect(event):  # type: ignore[arg-type]
-                    return False
+                    return _CLOSE
             elif cls is ev.ProtocolError:
                 if event.reply is not None:  # type: ignore[union-attr]
                     out.append(event.reply)  # type: ignore[union-attr]
                     self._metrics.protocol_error("nats", event.reply[6:-3])  # type: ignore[union-attr]
                 if event.close:  # type: ignore[union-attr]
-                    return False
+                    return _CLOSE
                 continue
             if self.verbose:
                 out.append(cc.OK)
-        return True
+        return _DONE
 
     def _error(self, text: str) -> None:
         self._out.append(cc.err(text))
         self._metrics.protocol_error("nats", text)
+        self._erred = True
+        self._errors_in_a_row += 1
 
     def _connect(self, event: ev.Connect) -> bool:
         options = event.options

@@ -27,6 +27,8 @@ class NATSServer:
     max_control_line: int = 4096  # nats-server's max_control_line
     ping_interval: float = 120.0  # nats-server's ping_interval (2 min)
     ping_max: int = 2  # nats-server's ping_max
+    turn_budget: float = 0.00005  # seconds of operations per connection between yields
+    max_errors_in_a_row: int = 100  # -ERR replies that keep the connection, then closed
     user: str | None = None
     password: str | None = None
     token: str | None = None

@@ -43,7 +43,7 @@ from gateway.protocols.nsq.negotiation import (
 )
 from gateway.protocols.nsq.server import NSQServer
 from gateway.stores.base import StoreError
-from gateway.tcp import receive, socket_fd, try_write
+from gateway.tcp import Turn, receive, socket_fd, try_write
 
 log = logging.getLogger("gateway.nsq")
 
@@ -78,6 +78,7 @@ class NSQSession:
         self.stream: trio.abc.Stream = stream
         self.remote = remote  # "ip:port"
         self.remote_ip = remote.rsplit(":", 1)[0].strip("[]")
+        self._turn = Turn(server.turn_budget)
         self.codec = NSQServerCodec(server.limits)
         self.codec.tls_required = server.tls_required and server.ssl_context is not None
         self.connect_ts = int(time.time())
@@ -170,7 +171,9 @@ class NSQSession:
                     self.codec.receive_data(data)
                 except CompressionError:
                     return  # nsqd drops the connection silently on a corrupt stream
-                await self._process()
+                while await self._process():
+                    # its turn is over (Turn): everyone else runs before the rest
+                    await self._turn.pause()
         except _Close as close:
             if close.frame is not None:
                 self._metrics.protocol_error("nsq", close.frame[8:])
@@ -188,8 +191,8 @@ class NSQSession:
 
     # -- commands ----------------------------------------------------------------
 
-    async def _process(self) -> None:
-        """Apply every complete command of one receive.
+    async def _process(self) -> bool:
+        """Apply the complete commands of one turn (Turn); True when some are left.
 
         Replies and deliveries go into one outbox in the order they happen (a client must
         see SUB's OK before the first message). While a batch runs the writer holds the
@@ -204,8 +207,14 @@ class NSQSession:
         got_command = False
         self._holding = True
         deadline, self._read_deadline = self._read_deadline, math.inf  # not while processing
+        more = False
+        turn = self._turn
+        turn.start()
         try:
             while True:
+                if turn.over():
+                    more = True
+                    break
                 event = codec.next_event()
                 if event is None:
                     break
@@ -276,6 +285,7 @@ class NSQSession:
                 # which is most of a PUB's latency. A client that stops reading blocks
                 # its own reader here, as nsqd's does.
                 await self._flush_output()
+        return more
 
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
         try:
