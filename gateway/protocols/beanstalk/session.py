@@ -17,11 +17,11 @@ import math
 
 import trio
 
-from gateway.broker import Consumer, Group, Topic, query
+from gateway.broker import Consumer, Group, query
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
-from gateway.protocols.beanstalk import stats
+from gateway.protocols.beanstalk.commands import TubeCommands
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
 from gateway.stores.base import StoreError
 from gateway.tcp import Turn, receive, socket_fd, try_write
@@ -34,7 +34,7 @@ _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserv
 _METRIC_STEP = 65536
 
 
-class BeanstalkSession:
+class BeanstalkSession(TubeCommands):
     protocol = "beanstalk"  # the metrics label of this consumer's deliveries
 
     def __init__(self, server: BeanstalkServer, stream: trio.abc.Stream, remote: str) -> None:
@@ -441,134 +441,6 @@ class BeanstalkSession:
         return self._reserved_reply()
 
     # -- tubes -------------------------------------------------------------------------
-
-    def _use(self, event: ev.Use) -> bytes:
-        server = self.server
-        server.commands["use"] += 1
-        if event.tube != self.used:
-            old, self.used = self.used, event.tube
-            server.using[old] -= 1
-            server.using[event.tube] += 1
-            server.ensure_tube(event.tube)
-            server.release_tube(old)
-        return bc.using(event.tube)
-
-    def _watch(self, event: ev.Watch) -> bytes:
-        server = self.server
-        server.commands["watch"] += 1
-        if event.tube not in self.watched:
-            self.watched.append(event.tube)
-            server.watching[event.tube] += 1
-            self._consumer(event.tube)
-        return bc.watching(len(self.watched))
-
-    def _ignore(self, event: ev.Ignore) -> bytes:
-        server = self.server
-        server.commands["ignore"] += 1
-        tube = event.tube
-        if tube in self.watched:
-            if len(self.watched) == 1:
-                return bc.NOT_IGNORED
-            # beanstalkd moves the last entry into the freed slot
-            i = self.watched.index(tube)
-            self.watched[i] = self.watched[-1]
-            self.watched.pop()
-            server.watching[tube] -= 1
-            consumer = self.consumers.get(tube)
-            if consumer is not None and not consumer.in_flight:
-                consumer.group.detach(consumer, requeue=False)
-                del self.consumers[tube]
-            server.release_tube(tube)
-        return bc.watching(len(self.watched))
-
-    def _list_tube_used(self, event: ev.ListTubeUsed) -> bytes:
-        self.server.commands["list-tube-used"] += 1
-        return bc.using(self.used)
-
-    def _list_tubes(self, event: ev.ListTubes) -> bytes:
-        self.server.commands["list-tubes"] += 1
-        return bc.ok_yaml(bc.yaml_list(self.server.tube_names()))
-
-    def _list_tubes_watched(self, event: ev.ListTubesWatched) -> bytes:
-        self.server.commands["list-tubes-watched"] += 1
-        return bc.ok_yaml(bc.yaml_list(self.watched))
-
-    def _pause_tube(self, event: ev.PauseTube) -> bytes:
-        server = self.server
-        if query.topic(server.broker, event.tube) is None:
-            return bc.NOT_FOUND
-        server.commands["pause-tube"] += 1
-        server.tube_pauses[event.tube] += 1
-        group = server.group(event.tube, create=True)
-        if group is not None:
-            group.pause_for(event.delay)
-        return bc.PAUSED
-
-    # -- peek and kick --------------------------------------------------------------
-
-    def _peek(self, event: ev.Peek) -> bytes:
-        self.server.commands["peek"] += 1
-        found = self.server.find_job(event.id)
-        return bc.NOT_FOUND if found is None else bc.found(found.message.id, found.message.body)
-
-    def _used_view(self) -> Group | Topic | None:
-        return self.server.view(self.used)
-
-    def _peek_ready(self, event: ev.PeekReady) -> bytes:
-        self.server.commands["peek-ready"] += 1
-        view = self._used_view()
-        msg = query.peek_ready(view) if view is not None else None
-        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
-
-    def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
-        self.server.commands["peek-delayed"] += 1
-        view = self._used_view()
-        msg = query.peek_delayed(view) if view is not None else None
-        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
-
-    def _peek_buried(self, event: ev.PeekBuried) -> bytes:
-        self.server.commands["peek-buried"] += 1
-        view = self._used_view()
-        oldest = query.peek_buried(view) if view is not None else None
-        return bc.NOT_FOUND if oldest is None else bc.found(oldest.id, oldest.body)
-
-    def _kick(self, event: ev.Kick) -> bytes:
-        self.server.commands["kick"] += 1
-        group = self.server.group(self.used, create=True)
-        return bc.kicked(group.kick(event.bound) if group is not None else 0)
-
-    def _kick_job(self, event: ev.KickJob) -> bytes:
-        found = self.server.find_job(event.id)
-        if found is None or found.state not in ("buried", "delayed"):
-            return bc.NOT_FOUND
-        group = found.group
-        if group is None:  # in the backlog: the tube's new group adopts the backlog
-            group = self.server.group(found.message.topic, create=True)
-        if group is None or not group.kick_message(event.id):
-            return bc.NOT_FOUND
-        return bc.KICKED
-
-    # -- stats ---------------------------------------------------------------------------
-
-    def _stats_job(self, event: ev.StatsJob) -> bytes:
-        self.server.commands["stats-job"] += 1
-        found = self.server.find_job(event.id)
-        if found is None:
-            return bc.NOT_FOUND
-        return bc.ok_yaml(bc.yaml_dict(stats.stats_job(found, self.server.default_ttr)))
-
-    def _stats_tube(self, event: ev.StatsTube) -> bytes:
-        server = self.server
-        server.commands["stats-tube"] += 1
-        if query.topic(server.broker, event.tube) is None:
-            return bc.NOT_FOUND
-        return bc.ok_yaml(
-            bc.yaml_dict(stats.stats_tube(server, event.tube, server.view(event.tube)))
-        )
-
-    def _stats(self, event: ev.Stats) -> bytes:
-        self.server.commands["stats"] += 1
-        return bc.ok_yaml(bc.yaml_dict(stats.stats(self.server)))
 
 
 _HANDLERS = {
