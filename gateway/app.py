@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway.broker import Broker
-from gateway.config import NATSPermission, NATSPermissions, Settings, parse_address
+from gateway.config import Settings, parse_address
+from gateway.config_guard import NATSPermission, NATSPermissions
 from gateway.http import serve as serve_http
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk.server import BeanstalkServer

@@ -1,0 +1,110 @@
+"""The settings that guard the gateway: `[tls]`, `[http]` (its token), `[limits]`, and
+the NATS users with their permissions. Part of the settings model in config.py."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NATSPermission(_Section):
+    """Subject patterns a user may (allow) or may not (deny) use; no allow list: all."""
+
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _patterns(cls, value: list[str] | None) -> list[str] | None:
+        from gateway.subjects import is_valid_subscription
+
+        bad = [
+            p for p in value or [] if not is_valid_subscription(p) or any(c.isspace() for c in p)
+        ]
+        if bad:
+            raise ValueError(f"invalid subject patterns: {bad}")
+        return value
+
+
+class NATSPermissions(_Section):
+    """nats-server's `permissions`: `publish` and `subscribe`, each a list of allowed
+    subjects or a table with `allow` and `deny`."""
+
+    publish: NATSPermission | None = None
+    subscribe: NATSPermission | None = None
+
+    @field_validator("publish", "subscribe", mode="before")
+    @classmethod
+    def _list_is_allow(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        return {"allow": value} if isinstance(value, list) else value
+
+
+class NATSUser(_Section):
+    user: str = Field(min_length=1)
+    password: str
+    permissions: NATSPermissions | None = None
+
+
+class TLSSettings(_Section):
+    """The `[tls]` table: `cert` and `key` are the top-level `tls_cert` and `tls_key`
+    (`--tls-cert`, `--tls-key`, GATEWAY_TLS_CERT); the rest is here."""
+
+    # a CA whose client certificates are accepted, and whether one is required: NATS
+    # clients (nats-server's tls_verify) and HTTPS (mutual TLS)
+    client_ca: str | None = None
+    verify: bool = False
+    # the listeners that use the certificate (NSQ: offered through IDENTIFY; NATS:
+    # required, as nats-server with a tls block; HTTP: HTTPS, HTTP/2 by ALPN)
+    listeners: list[Literal["nsq", "nats", "http"]] = Field(
+        default_factory=lambda: ["nsq", "nats", "http"]
+    )
+
+    @model_validator(mode="after")
+    def _verify_needs_ca(self) -> TLSSettings:
+        if self.verify and self.client_ca is None:
+            raise ValueError("verify needs a client_ca")
+        return self
+
+
+class HTTPSettings(_Section):
+    """The HTTP listener's `[http]` table (its `address` key is the listener's address,
+    the same as the top-level `http = "host:port"`)."""
+
+    # With a token, every write (nsqd's /pub, /mpub, topic and channel actions, /config
+    # PUT) and every admin action needs `Authorization: Bearer <token>` (or basic auth
+    # with the token as password); without one they answer 401. /ping, /health and
+    # /ready never ask.
+    auth_token: str | None = Field(None, min_length=1)
+    # the reads too: /metrics, /stats, /info, the lookup endpoints and the admin page's data
+    protect_reads: bool = False
+
+    @model_validator(mode="after")
+    def _reads_need_token(self) -> HTTPSettings:
+        if self.protect_reads and self.auth_token is None:
+            raise ValueError("protect_reads needs an auth_token")
+        return self
+
+
+class LimitsSettings(_Section):
+    """Bounds on what clients can make the gateway hold (README, Limits)."""
+
+    # connections one TCP listener (NSQ, beanstalkd, NATS) takes; past it the new one is
+    # refused in its protocol's words (NATS: nats-server's 'maximum connections exceeded')
+    max_connections: int = Field(10_000, ge=1)
+    max_connections_per_ip: int = Field(1_000, ge=1)  # from one client address, per listener
+    # bytes queued for one NATS client before it is cut off as a slow consumer (the
+    # smaller of this and nats_server.max_pending)
+    max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+    # microseconds of commands one connection may run before the others get their turn:
+    # a client pipelining thousands of commands in one write cannot stall the rest
+    turn_microseconds: int = Field(50, ge=10, le=100_000)
+    # beanstalkd (which answers bad input for ever) and NATS errors that keep the
+    # connection: past this many in a row, the connection is closed
+    max_errors_in_a_row: int = Field(100, ge=1)
