@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
@@ -27,6 +28,9 @@ class Metrics:
             ["protocol"],
             registry=self.registry,
         )
+        # every task of the process (one per connection and a few per listener): what
+        # grows here without traffic growing is a leak
+        self.tasks = Gauge("gateway_tasks", "Trio tasks alive", registry=self.registry)
         self.connections_refused = Counter(
             "gateway_connections_refused_total",
             "Client connections refused by a [limits] setting",
@@ -51,6 +55,7 @@ class Metrics:
         date: called before every scrape."""
         for hook in self.before_scrape:
             hook()
+        self.tasks.set(_count_tasks())
 
     def watch_broker(self, broker: object, max_series: int) -> None:
         """Export the broker's queues (counted by the broker itself, read at scrape time)."""
@@ -75,3 +80,18 @@ class Metrics:
         text = frame_text.decode("latin-1") if isinstance(frame_text, bytes) else frame_text
         code = text.split(" ", 1)[0] or "unknown"
         self.protocol_errors.labels(protocol, code[:40]).inc()
+
+
+def _count_tasks() -> int:
+    """The tasks of the running Trio run, walked from its root (0 outside a run)."""
+    try:
+        pending = [trio.lowlevel.current_root_task()]
+    except RuntimeError:
+        return 0
+    count = 0
+    while pending:
+        task = pending.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            pending.extend(nursery.child_tasks)
+    return count

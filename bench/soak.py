@@ -1,0 +1,440 @@
+"""Soak run (not a test): every protocol at once for a long time, then count every message.
+
+For ``--seconds`` (600 by default) a gateway (the durable default store, in a temp data
+dir) serves, each in a process of its own:
+
+* producers: NSQ ``PUB`` and ``MPUB`` on topic ``soak.nsq``; beanstalkd ``put`` on tube
+  ``soak.bs``; NATS ``PUB`` on ``soak.nats`` (followed by a ``PING`` round trip);
+* consumers, cross-protocol: an NSQ consumer (channel ``c``) on ``soak.nsq`` and on
+  ``soak.bs``, a beanstalkd worker (``reserve``/``delete``) on ``soak.nsq`` and
+  ``soak.bs``; each disconnects at random moments (a reset, with messages in flight,
+  which come back); a NATS subscriber on ``soak.nats``;
+* trouble: a process that opens connections to every listener and sends garbage, resets
+  half-written frames and goes away; a slow NATS subscriber that reads a little now and
+  then; a slow NSQ consumer (RDY 1, a pause before each FIN).
+
+Every producer numbers its messages and counts what the gateway acknowledged (NSQ ``OK``,
+``INSERTED``); every consumer reports what it received. Every ``--sample`` seconds the
+gateway's RSS, open descriptors and Trio task count (``gateway_tasks`` on /metrics) are
+recorded. At the end the producers stop, the consumers drain, and the script prints:
+acknowledged vs delivered per (topic, consuming group) with the lost ones, the samples'
+first and last values after warm-up, and a verdict: zero acknowledged messages lost, RSS
+and descriptors flat (within ``--tolerance``), no task leak.
+
+    .venv/bin/python bench/soak.py                      # 10 minutes
+    .venv/bin/python bench/soak.py --seconds 60         # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import time
+import urllib.request
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Address, GatewayProcess, make_placement
+
+Report = Any  # a multiprocessing.Queue of (kind, name, payload)
+
+
+# -- small blocking clients -------------------------------------------------------------
+
+
+class Conn:
+    def __init__(self, addr: Address) -> None:
+        self.sock = socket.create_connection(addr, timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+
+    def line(self, marker: bytes = b"\r\n") -> bytes:
+        while (i := self.buf.find(marker)) < 0:
+            self._more()
+        out = bytes(self.buf[: i + len(marker)])
+        del self.buf[: i + len(marker)]
+        return out
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._more()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("closed by the gateway")
+        self.buf += chunk
+
+    def reset(self) -> None:
+        """Go away abruptly (RST), as a crashed client does."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+
+
+def nsq_frame(c: Conn) -> tuple[int, bytes]:
+    size = struct.unpack(">i", c.exact(4))[0]
+    data = c.exact(size)
+    return struct.unpack(">i", data[:4])[0], data[4:]
+
+
+def body(tag: str, n: int) -> bytes:
+    return f"{tag}:{n}:".encode() + b"x" * 150
+
+
+def key(payload: bytes) -> str:
+    """The producer's tag and number of a body: "pub:17"."""
+    tag, n, _ = payload.split(b":", 2)
+    return f"{tag.decode()}:{n.decode()}"
+
+
+# -- producers --------------------------------------------------------------------------
+
+
+def nsq_producer(addr: Address, stop: Event, report: Report, mpub: bool) -> None:
+    tag = "mpub" if mpub else "pub"
+    acked = 0
+    c = Conn(addr)
+    c.sock.sendall(b"  V2")
+    while not stop.is_set():
+        if mpub:
+            bodies = [body(tag, acked + i) for i in range(20)]
+            payload = struct.pack(">i", len(bodies)) + b"".join(
+                struct.pack(">i", len(b)) + b for b in bodies
+            )
+            c.sock.sendall(b"MPUB soak.nsq\n" + struct.pack(">i", len(payload)) + payload)
+        else:
+            b = body(tag, acked)
+            c.sock.sendall(b"PUB soak.nsq\n" + struct.pack(">i", len(b)) + b)
+        while (frame := nsq_frame(c)) == (0, b"_heartbeat_"):
+            c.sock.sendall(b"NOP\n")
+        assert frame == (0, b"OK"), frame
+        acked += 20 if mpub else 1
+        time.sleep(0.002 if mpub else 0.0005)
+    report.put(("acked", f"soak.nsq/{tag}", acked))
+
+
+def beanstalk_producer(addr: Address, stop: Event, report: Report) -> None:
+    acked = 0
+    c = Conn(addr)
+    c.sock.sendall(b"use soak.bs\r\n")
+    c.line()
+    while not stop.is_set():
+        b = body("put", acked)
+        c.sock.sendall(b"put 100 0 30 %d\r\n%s\r\n" % (len(b), b))
+        reply = c.line()
+        assert reply.startswith(b"INSERTED"), reply
+        acked += 1
+        time.sleep(0.001)
+    report.put(("acked", "soak.bs/put", acked))
+
+
+def nats_producer(addr: Address, stop: Event, report: Report) -> None:
+    sent = 0
+    c = Conn(addr)
+    c.line()  # INFO
+    c.sock.sendall(b'CONNECT {"verbose":false}\r\n')
+    while not stop.is_set():
+        b = body("nats", sent)
+        c.sock.sendall(b"PUB soak.nats %d\r\n%s\r\nPING\r\n" % (len(b), b))
+        assert c.line() == b"PONG\r\n"
+        sent += 1
+        time.sleep(0.001)
+    report.put(("acked", "soak.nats/pub", sent))
+
+
+# -- consumers --------------------------------------------------------------------------
+
+
+def nsq_consumer(addr: Address, topic: str, drain: Event, report: Report, seed: int) -> None:
+    """Consume with FIN; every few seconds reset the connection with messages in flight."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    reconnects = 0
+    idle_since = None
+    while True:
+        c = Conn(addr)
+        c.sock.settimeout(1.0)
+        # a short msg_timeout: what a reset leaves in flight comes back within 2 s (nsqd,
+        # and the gateway, requeue it when it times out, not when the client goes)
+        identify = json.dumps({"msg_timeout": 2000}).encode()
+        c.sock.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify)
+        c.sock.sendall(b"SUB %s c\nRDY 50\n" % topic.encode())
+        life = time.monotonic() + rng.uniform(2, 10)
+        try:
+            while True:
+                if not drain.is_set() and time.monotonic() > life:
+                    c.reset()  # in-flight messages come back to someone else
+                    reconnects += 1
+                    break
+                try:
+                    kind, data = nsq_frame(c)
+                except TimeoutError:
+                    if drain.is_set():
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since > 5:
+                            report.put(("seen", f"{topic}/nsq", sorted(seen)))
+                            report.put(("reconnects", f"{topic}/nsq", reconnects))
+                            return
+                    continue
+                idle_since = None
+                if kind == 0:
+                    if data == b"_heartbeat_":
+                        c.sock.sendall(b"NOP\n")
+                    continue
+                if kind == 2:
+                    seen.add(key(data[26:]))
+                    c.sock.sendall(b"FIN " + data[10:26] + b"\n")
+        except (ConnectionError, OSError):
+            reconnects += 1
+
+
+def beanstalk_worker(addr: Address, tube: str, drain: Event, report: Report, seed: int) -> None:
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    reconnects = 0
+    idle = 0
+    while True:
+        c = Conn(addr)
+        c.sock.sendall(b"watch %s\r\nignore default\r\n" % tube.encode())
+        c.line()
+        c.line()
+        life = time.monotonic() + rng.uniform(2, 10)
+        try:
+            while True:
+                if not drain.is_set() and time.monotonic() > life:
+                    c.sock.sendall(b"reserve-with-timeout 0\r\n")  # one held, then a reset
+                    c.reset()
+                    reconnects += 1
+                    break
+                c.sock.sendall(b"reserve-with-timeout 1\r\n")
+                reply = c.line()
+                if reply.startswith(b"TIMED_OUT"):
+                    if drain.is_set():
+                        idle += 1
+                        if idle >= 5:
+                            report.put(("seen", f"{tube}/beanstalk", sorted(seen)))
+                            report.put(("reconnects", f"{tube}/beanstalk", reconnects))
+                            return
+                    continue
+                idle = 0
+                _, job, size = reply.split()
+                seen.add(key(c.exact(int(size) + 2)[:-2]))
+                c.sock.sendall(b"delete " + job + b"\r\n")
+                assert c.line() == b"DELETED\r\n"
+        except (ConnectionError, OSError):
+            reconnects += 1
+
+
+def nats_subscriber(addr: Address, drain: Event, report: Report, slow: bool) -> None:
+    c = Conn(addr)
+    c.line()
+    c.sock.sendall(b'CONNECT {"verbose":false}\r\nSUB soak.nats 1\r\nPING\r\n')
+    c.sock.settimeout(1.0)
+    got = 0
+    idle = 0
+    try:
+        while idle < 5:
+            if slow:
+                time.sleep(0.05)  # reads a little now and then
+            try:
+                chunk = c.sock.recv(4096 if slow else 1 << 16)
+            except TimeoutError:
+                idle += 1 if drain.is_set() else 0
+                continue
+            if not chunk:
+                break
+            got += chunk.count(b"MSG soak.nats")
+            idle = 0
+    except OSError:
+        pass
+    report.put(("nats", "slow" if slow else "subscriber", got))
+
+
+def slow_nsq_consumer(addr: Address, stop: Event) -> None:
+    c = Conn(addr)
+    c.sock.sendall(b"  V2SUB soak.nsq slow\nRDY 1\n")
+    while not stop.is_set():
+        kind, data = nsq_frame(c)
+        if kind == 2:
+            time.sleep(0.2)
+            c.sock.sendall(b"FIN " + data[10:26] + b"\n")
+        elif data == b"_heartbeat_":
+            c.sock.sendall(b"NOP\n")
+
+
+def troublemaker(addrs: dict[str, Address], stop: Event, seed: int) -> None:
+    rng = random.Random(seed)
+    junk = [b"\x00\xff" * 100, b"PUB\r\n", b"put 1 2 3 99999999999\r\n", b"  V2" + b"\xff" * 64,
+            b"SUB \r\n", b"GET / HTTP/1.1\r\nContent-Length: 999999\r\n\r\n"]  # fmt: skip
+    while not stop.is_set():
+        addr = rng.choice(list(addrs.values()))
+        try:
+            c = Conn(addr)
+            c.sock.sendall(rng.choice(junk))
+            if rng.random() < 0.5:
+                c.reset()
+            else:
+                c.sock.close()
+        except OSError:
+            pass
+        time.sleep(0.02)
+
+
+# -- sampling --------------------------------------------------------------------------
+
+
+def sample(pid: int, http: Address) -> dict[str, float]:
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) // 1024
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    tasks = -1.0
+    with urllib.request.urlopen(f"http://{http[0]}:{http[1]}/metrics", timeout=10) as r:
+        for raw in r.read().decode().splitlines():
+            if raw.startswith("gateway_tasks "):
+                tasks = float(raw.split()[1])
+    return {"rss_mb": rss, "fds": fds, "tasks": tasks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the baseline")
+    ap.add_argument("--tolerance", type=float, default=0.2, help="RSS/fd growth allowed")
+    ap.add_argument("--pin", default="none", help="CPU placement, as the other benches")
+    args = ap.parse_args(argv)
+    warmup = min(args.warmup, args.seconds / 4)
+    data = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
+    gw = GatewayProcess(
+        ["serve", "--data-dir", str(data / "data"), "--nsq", "127.0.0.1:0",
+         "--beanstalk", "127.0.0.1:0", "--nats", "127.0.0.1:0", "--http", "127.0.0.1:0",
+         "--nats-route", "off"],
+        make_placement(args.pin), ["nsq", "beanstalk", "nats", "http"],
+    )  # fmt: skip
+    addrs = gw.start()
+    try:
+        return run(args, gw, addrs, data, warmup)
+    finally:
+        gw.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run(
+    args: argparse.Namespace,
+    gw: GatewayProcess,
+    addrs: dict[str, Address],
+    data: Path,
+    warmup: float,
+) -> int:
+    assert gw.proc is not None
+    print(f"# soak: {args.seconds:.0f} s, gateway pid {gw.proc.pid}, data in {data}", flush=True)
+    stop, drain = multiprocessing.Event(), multiprocessing.Event()
+    report: Report = multiprocessing.Queue()
+    nsq, bs, nats = addrs["nsq"], addrs["beanstalk"], addrs["nats"]
+    # the consumers' groups first, so that every acknowledged message has them to reach
+    http = f"http://{addrs['http'][0]}:{addrs['http'][1]}"
+    for path in (
+        "/topic/create?topic=soak.nsq",
+        "/channel/create?topic=soak.nsq&channel=c",
+        "/topic/create?topic=soak.bs",
+        "/channel/create?topic=soak.bs&channel=c",
+    ):
+        urllib.request.urlopen(urllib.request.Request(http + path, method="POST"), timeout=10)
+    for tube in (b"soak.nsq", b"soak.bs"):  # a beanstalkd worker group on each topic
+        w = Conn(bs)
+        w.sock.sendall(b"watch " + tube + b"\r\n")
+        w.line()
+        w.sock.close()
+    producers = [
+        multiprocessing.Process(target=nsq_producer, args=(nsq, stop, report, False)),
+        multiprocessing.Process(target=nsq_producer, args=(nsq, stop, report, True)),
+        multiprocessing.Process(target=beanstalk_producer, args=(bs, stop, report)),
+        multiprocessing.Process(target=nats_producer, args=(nats, stop, report)),
+    ]
+    consumers = [
+        multiprocessing.Process(target=nsq_consumer, args=(nsq, "soak.nsq", drain, report, 1)),
+        multiprocessing.Process(target=nsq_consumer, args=(nsq, "soak.bs", drain, report, 2)),
+        multiprocessing.Process(target=beanstalk_worker, args=(bs, "soak.nsq", drain, report, 3)),
+        multiprocessing.Process(target=beanstalk_worker, args=(bs, "soak.bs", drain, report, 4)),
+        multiprocessing.Process(target=nats_subscriber, args=(nats, drain, report, False)),
+        multiprocessing.Process(target=nats_subscriber, args=(nats, drain, report, True)),
+    ]
+    extras = [
+        multiprocessing.Process(target=slow_nsq_consumer, args=(nsq, stop), daemon=True),
+        multiprocessing.Process(target=troublemaker, args=(addrs, stop, 5), daemon=True),
+    ]
+    for p in consumers + extras + producers:
+        p.start()
+    samples: list[tuple[float, dict[str, float]]] = []
+    t0 = time.monotonic()
+    while (now := time.monotonic() - t0) < args.seconds:
+        samples.append((now, sample(gw.proc.pid, addrs["http"])))
+        s = samples[-1][1]
+        print(f"t={now:6.0f}s rss={s['rss_mb']} MB fds={s['fds']} tasks={s['tasks']:.0f}",
+              flush=True)  # fmt: skip
+        time.sleep(min(args.sample, max(0.0, args.seconds - now)))
+    stop.set()
+    for p in producers:
+        p.join(60)
+    drain.set()
+    results: dict[str, dict[str, Any]] = {"acked": {}, "seen": {}, "reconnects": {}, "nats": {}}
+    for _ in range(len(producers) + 2 * 4 + 2):
+        kind, name, payload = report.get(timeout=300)
+        results[kind][name] = payload
+    for p in consumers:
+        p.join(60)
+    final = sample(gw.proc.pid, addrs["http"])
+    code = gw.stop()
+    # every acknowledged message reached every group of its topic
+    lost_total = 0
+    print("\n## messages")
+    for topic, tags in (("soak.nsq", ("pub", "mpub")), ("soak.bs", ("put",))):
+        want = {f"{tag}:{n}" for tag in tags for n in range(results["acked"][f"{topic}/{tag}"])}
+        for group in ("nsq", "beanstalk"):
+            got = set(results["seen"][f"{topic}/{group}"])
+            lost = want - got
+            lost_total += len(lost)
+            reconnects = results["reconnects"][f"{topic}/{group}"]
+            example = " e.g. " + ", ".join(sorted(lost)[:5]) if lost else ""
+            print(
+                f"{topic} -> {group:9s} acknowledged {len(want):7d}"
+                f" delivered {len(got & want):7d} lost {len(lost)}{example}"
+                f" (consumer reconnects {reconnects})"
+            )
+    print(f"soak.nats: published {results['acked']['soak.nats/pub']}, subscriber got "
+          f"{results['nats'].get('subscriber')}, slow subscriber got {results['nats'].get('slow')}"
+          " (NATS is at most once; not counted as loss)")  # fmt: skip
+    base = next((s for t, s in samples if t >= warmup), samples[-1][1])
+    last = samples[-1][1]
+    print("\n## resources: after warm-up -> last sample under load (-> after the drain)")
+    verdicts = {"lost": lost_total == 0, "exit": code == 0}
+    for key in ("rss_mb", "fds", "tasks"):
+        start, end = base[key], last[key]
+        flat = end <= start * (1 + args.tolerance) + (5 if key != "rss_mb" else 10)
+        flat = flat and final[key] <= end  # and nothing held once the clients are gone
+        verdicts[key] = flat
+        print(f"{key:7s} {start:8.0f} -> {end:8.0f} (-> {final[key]:.0f})"
+              f"  {'flat' if flat else 'GREW'}")  # fmt: skip
+    print(json.dumps({"samples": [(round(t), s) for t, s in samples], "final": final}))
+    print(f"\nverdict: {'PASS' if all(verdicts.values()) else 'FAIL'} {verdicts}")
+    return 0 if all(verdicts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
