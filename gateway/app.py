@@ -146,6 +146,8 @@ class Gateway:
             token=n.token,
             ssl_context=self.nats_ssl_context,
             tls_verify=s.tls_settings.verify,
+            tls_timeout=n.tls_timeout,
+            auth_timeout=n.auth_timeout,
             users={u.user: (u.password, _permissions(u.permissions)) for u in n.users},
             server_name=n.server_name,
         )

@@ -118,6 +118,9 @@ class NATSServerSettings(_Section):
     # several users, each with its own permissions (nats-server's `users` block)
     users: list[NATSUser] = Field(default_factory=list)
     server_name: str = "gateway"
+    # seconds: the TLS handshake after INFO, and CONNECT when authentication is required
+    tls_timeout: float = Field(2.0, gt=0)
+    auth_timeout: float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _one_kind_of_auth(self) -> NATSServerSettings:

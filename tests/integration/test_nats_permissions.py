@@ -149,3 +149,11 @@ async def test_natspy_sees_the_refusals(gateway_or_server: str, tmp_path: Path) 
     else:
         async with running_gateway(nats="127.0.0.1:0", nats_server__users=USERS) as gw:
             await check(gw.addresses["nats"])
+
+
+async def test_connect_must_come_within_auth_timeout(server: Address) -> None:
+    """nats-server's auth_timeout (2 s): a client that says nothing is told and closed."""
+    stream = await trio.open_tcp_stream(*server)
+    await read_until(stream, b"\r\n")  # INFO
+    with trio.fail_after(10):
+        assert await read_to_close(stream, timeout=10) == b"-ERR 'Authentication Timeout'\r\n"

@@ -129,6 +129,8 @@ class NATSClientSession(QueuedWriter):
                 self._cancel = nursery.cancel_scope
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._pinger)
+                if server.auth_required:
+                    nursery.start_soon(self._auth_timer)
                 self._out.append(self._info())
                 await self._flush()
                 if server.ssl_context is None or await self._start_tls():
@@ -192,6 +194,20 @@ class NATSClientSession(QueuedWriter):
         )
         self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
         return False
+
+    async def _auth_timer(self) -> None:
+        """nats-server's auth_timeout: a client that must authenticate and has not sent
+        CONNECT in time gets 'Authentication Timeout' and is closed."""
+        await trio.sleep(self.server.auth_timeout)
+        if not self.connected:
+            self._error("Authentication Timeout")
+            log.info(
+                "nats client %s: no CONNECT within %s s", self.remote, self.server.auth_timeout
+            )
+            try:
+                await self._flush()
+            finally:
+                self._cancel.cancel()
 
     async def _pinger(self) -> None:
         """nats-server's ping timer: PING an idle client every ping_interval; a client that

@@ -37,6 +37,7 @@ class NATSServer:
     ssl_context: ssl.SSLContext | None = None
     tls_verify: bool = False
     tls_timeout: float = 2.0  # nats-server's tls timeout (seconds)
+    auth_timeout: float = 2.0  # nats-server's: CONNECT must come within it when auth is on
     # user -> (password, permissions or None for all); `user` above is one more of them
     users: dict[str, tuple[str, Permissions | None]] = field(default_factory=dict)
     server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])
