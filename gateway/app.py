@@ -31,7 +31,7 @@ from gateway.protocols.nsq.negotiation import ServerFeatures
 from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
 from gateway.stores import Store, open_store
-from gateway.tcp import ConnectionLimits
+from gateway.tcp import Buffered, ConnectionLimits
 from gateway.tcp import serve as serve_tcp
 from gateway.tls import Certificates, server_ssl_context
 
@@ -141,6 +141,7 @@ class Gateway:
             ping_max=n.ping_max,
             turn_budget=s.limits.turn_microseconds / 1e6,
             max_errors_in_a_row=s.limits.max_errors_in_a_row,
+            buffered=Buffered(s.limits.max_buffered_bytes, s.limits.max_pending_bytes // 64),
             user=n.user,
             password=n.password,
             token=n.token,

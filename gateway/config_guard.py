@@ -102,6 +102,9 @@ class LimitsSettings(_Section):
     # bytes queued for one NATS client before it is cut off as a slow consumer (the
     # smaller of this and nats_server.max_pending)
     max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)
+    # bytes queued for all NATS clients together; past it, a client with more than
+    # max_pending_bytes / 64 waiting is cut off as a slow consumer
+    max_buffered_bytes: int = Field(1024 * 1024 * 1024, ge=1024 * 1024)
     # microseconds of commands one connection may run before the others get their turn:
     # a client pipelining thousands of commands in one write cannot stall the rest
     turn_microseconds: int = Field(50, ge=10, le=100_000)

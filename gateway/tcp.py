@@ -210,6 +210,18 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
 
 
+@dataclass
+class Buffered:
+    """Output bytes queued for clients of one protocol listener, all connections together
+    (`[limits] max_buffered_bytes`). Past the limit, a connection with more than `share`
+    bytes waiting is cut off when more is queued for it: a few slow readers cannot pin
+    the memory that every connection's own bound would still allow."""
+
+    limit: int
+    share: int
+    total: int = 0
+
+
 class QueuedWriter:
     """The output half of a session whose frames come from anywhere (its own replies, the
     broker's deliveries, other connections' publishes): they queue in `_out`, setting
@@ -221,6 +233,7 @@ class QueuedWriter:
     _fd: int | None
     _out: list[bytes]
     _pending: int  # bytes queued, for the session's slow-consumer bound
+    _buffered: Buffered  # the same bytes, counted with every other connection's
     _sending: bool
     _wake: trio.Event
     _cancel: trio.CancelScope
@@ -244,6 +257,7 @@ class QueuedWriter:
             while self._out:
                 data = b"".join(self._out)
                 self._out = []
+                self._buffered.total -= self._pending
                 self._pending = 0
                 self._bytes_out.inc(len(data))
                 if self._fd is not None:
@@ -262,6 +276,7 @@ class QueuedWriter:
             return
         data = b"".join(self._out)
         self._out = []
+        self._buffered.total -= self._pending
         self._pending = 0
         self._bytes_out.inc(len(data))
         try:
@@ -273,4 +288,5 @@ class QueuedWriter:
             rest = data[sent:]
             self._out.append(rest)
             self._pending = len(rest)
+            self._buffered.total += self._pending
             self._wake.set()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.app import Gateway
 from tests.clients.nats import servers
@@ -155,3 +156,53 @@ async def test_a_nats_subscriber_that_stops_reading_is_cut_off() -> None:
                 pass
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
         assert grown_mb < 32, f"peak RSS grew {grown_mb:.0f} MB for 64 MB published"
+
+
+async def test_max_buffered_bytes_bounds_all_slow_readers_together() -> None:
+    """Three NATS subscribers stop reading, each below max_pending_bytes, together above
+    max_buffered_bytes (2 MB): past it, those holding more than max_pending_bytes / 64
+    are cut off; a subscriber that reads gets everything; the count returns to zero."""
+    size, count = 65536, 96  # 6 MiB to each subscriber
+    async with running_gateway(
+        nats="127.0.0.1:0",
+        limits__max_pending_bytes=64 * 1024 * 1024,
+        limits__max_buffered_bytes=2 * 1024 * 1024,
+    ) as gw:
+        address = gw.addresses["nats"]
+        slow = []
+        for _ in range(3):
+            s = await nats_client(address)
+            s.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await s.send_all(b"SUB big 1\r\nPING\r\n")
+            assert await read_until(s, b"PONG\r\n") == b"PONG\r\n"
+            slow.append(s)
+        reader = await nats_client(address)
+        await reader.send_all(b"SUB big 1\r\nPING\r\n")
+        assert await read_until(reader, b"PONG\r\n") == b"PONG\r\n"
+        publisher = await nats_client(address)
+        frame = b"PUB big %d\r\n%s\r\n" % (size, b"q" * size)
+        want = count * (len(b"MSG big 1 65536\r\n") + size + 2)
+        received = 0
+
+        async def read_all() -> None:
+            nonlocal received
+            while received < want:
+                chunk = await reader.receive_some(1 << 20)
+                assert chunk
+                received += len(chunk)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_all)
+                for _ in range(count // 8):
+                    await publisher.send_all(frame * 8 + b"PING\r\n")
+                    await read_until(publisher, b"PONG\r\n")
+        assert received == want
+        # every slow one was cut: reading what it still has ends in EOF
+        for s in slow:
+            with trio.fail_after(10):
+                while await s.receive_some(1 << 20):
+                    pass
+        with trio.fail_after(10):
+            await trio.testing.wait_all_tasks_blocked()  # the cut sessions' clean-up ran
+        assert gw.nats.buffered.total == 0

@@ -106,6 +106,7 @@ class NATSClientSession(QueuedWriter):
         self._fd = socket_fd(stream)
         self._out: list[bytes] = []
         self._pending = 0
+        self._buffered = server.buffered
         self._sending = False
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
@@ -142,6 +143,8 @@ class NATSClientSession(QueuedWriter):
             pass
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
+            self._buffered.total -= self._pending  # what it never got is freed with it
+            self._pending = 0
             server.sessions.discard(self)
             if self._dirty:
                 server.dirty.remove(self)
@@ -429,7 +432,11 @@ class NATSClientSession(QueuedWriter):
             frame = cc.msg(message.topic, sub.sid, message.reply_to, message.body)
         self._out.append(frame)
         self._pending += len(frame)
-        if self._pending > self.server.max_pending:
+        buffered = self._buffered
+        buffered.total += len(frame)
+        if self._pending > self.server.max_pending or (
+            buffered.total > buffered.limit and self._pending > buffered.share
+        ):
             # nats-server's slow consumer: the client cannot keep up, so it is cut off
             log.info("nats client %s is a slow consumer: closing", self.remote)
             self._cancel.cancel()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gateway.broker import Broker
 from gateway.metrics import Metrics
 from gateway.protocols.nats.permissions import Permissions
+from gateway.tcp import Buffered
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.client_session import NATSClientSession
@@ -27,6 +28,8 @@ class NATSServer:
     max_control_line: int = 4096  # nats-server's max_control_line
     ping_interval: float = 120.0  # nats-server's ping_interval (2 min)
     ping_max: int = 2  # nats-server's ping_max
+    # output queued for all clients together ([limits] max_buffered_bytes)
+    buffered: Buffered = field(default_factory=lambda: Buffered(1 << 30, 1 << 20))
     turn_budget: float = 0.00005  # seconds of operations per connection between yields
     max_errors_in_a_row: int = 100  # -ERR replies that keep the connection, then closed
     user: str | None = None
