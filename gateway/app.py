@@ -65,6 +65,9 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+_TLS_HANDSHAKE_SECONDS = 5.0  # a beanstalkd TLS client's handshake, after which it is closed
+
+
 @dataclass
 class Gateway:
     settings: Settings
@@ -75,6 +78,7 @@ class Gateway:
     certificates: Certificates | None = field(default=None, init=False)
     nats_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     http_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
+    beanstalk_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     # life cycle, for the readiness probes: set once every listener is bound, and when
     # the gateway starts to stop
@@ -108,6 +112,8 @@ class Gateway:
             self.nats_ssl_context = self.certificates.server_context(client_ca)
         if self.certificates and "http" in t.listeners:
             self.http_ssl_context = self.certificates.server_context(client_ca)
+        if self.certificates and s.beanstalk_tls != "off":
+            self.beanstalk_ssl_context = self.certificates.server_context(client_ca)
         self.archive = self._archive()
         self.broker = Broker(
             self.store,
@@ -278,11 +284,12 @@ class Gateway:
                 if clustered:
                     # before any listener: a client's first SUB must count as interest
                     self.cluster.attach()
-                if self.settings.address("beanstalk") is not None:
+                if self.settings.address("beanstalk") or self.settings.address("beanstalk_tls"):
                     self.beanstalk.start()
                 for protocol, setting, handle in (
                     ("nsq", "nsq", self._nsq_connection),
                     ("beanstalk", "beanstalk", self._beanstalk_connection),
+                    ("beanstalk-tls", "beanstalk_tls", self._beanstalk_tls_connection),
                     ("nats", "nats", self._nats_connection),
                     ("nats-route", "nats_route", self.cluster.accept),
                 ):
@@ -339,6 +346,7 @@ class Gateway:
             "beanstalk": self._refuse_beanstalk,
             "nats": self._refuse_nats,
             "nats-route": self._refuse_silently,
+            "beanstalk-tls": self._refuse_silently,  # no TLS session yet to answer in
         }
         counter = self.metrics.connections_refused
         lim = self.settings.limits
@@ -371,6 +379,23 @@ class Gateway:
 
     async def _beanstalk_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await BeanstalkSession(self.beanstalk, stream, remote).run()
+
+    async def _beanstalk_tls_connection(self, stream: trio.SocketStream, remote: str) -> None:
+        """beanstalkd inside TLS from the first byte (no client library here speaks it; a
+        TLS tunnel such as stunnel in front of any client does)."""
+        assert self.beanstalk_ssl_context is not None
+        tls = trio.SSLStream(stream, self.beanstalk_ssl_context, server_side=True)
+        with trio.move_on_after(_TLS_HANDSHAKE_SECONDS):
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError:
+                self.metrics.protocol_error("beanstalk", "TLS_HANDSHAKE")
+                await trio.aclose_forcefully(stream)
+                return
+            await BeanstalkSession(self.beanstalk, tls, remote).run()
+            return
+        self.metrics.protocol_error("beanstalk", "TLS_HANDSHAKE")
+        await trio.aclose_forcefully(stream)
 
     async def _nats_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await NATSClientSession(self.nats, stream, remote).run()
@@ -405,4 +430,4 @@ class Gateway:
             return bool(n.token or n.user or n.users)
         if protocol == "nats-route":
             return bool(s.nats_routing.user or (s.nats_routing.tls and s.tls_cert))
-        return False  # beanstalkd has neither
+        return protocol == "beanstalk-tls"  # the plain beanstalkd listener has neither

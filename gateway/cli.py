@@ -17,7 +17,7 @@ from gateway import __version__, config
 from gateway.app import Gateway
 from gateway.stores import StoreError
 
-_LISTENER_FLAGS = ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq")
+_LISTENER_FLAGS = ("nsq", "http", "beanstalk", "beanstalk-tls", "nats", "nats-route", "rocketmq")
 
 
 def _parser() -> argparse.ArgumentParser:

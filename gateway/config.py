@@ -233,6 +233,8 @@ class Settings(_Section):
     nsq: str = "127.0.0.1:4150"
     http: str = "127.0.0.1:4151"
     beanstalk: str = "127.0.0.1:11300"
+    # beanstalkd over TLS on a port of its own (the protocol has no upgrade): off unless set
+    beanstalk_tls: str = OFF
     nats: str = "127.0.0.1:4222"
     nats_route: str = "127.0.0.1:6222"
     nats_routes: list[str] = Field(default_factory=list)
@@ -268,7 +270,7 @@ class Settings(_Section):
             check_store_url(value)
         return value
 
-    @field_validator("nsq", "http", "beanstalk", "nats", "nats_route")
+    @field_validator("nsq", "http", "beanstalk", "beanstalk_tls", "nats", "nats_route")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
@@ -291,6 +293,8 @@ class Settings(_Section):
     def _consistent(self) -> Settings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together")
+        if self.beanstalk_tls != OFF and self.tls_cert is None:
+            raise ValueError("beanstalk_tls needs a certificate (tls_cert and tls_key)")
         return self
 
     @field_validator("nats_routes")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import trio
 import trustme
+from pydantic import ValidationError
 
 from tests.clients import corpus
 from tests.clients.nats import servers
@@ -210,3 +211,32 @@ async def test_sighup_reloads_the_certificate(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         await trio.to_thread.run_sync(proc.wait)
+
+
+async def test_beanstalkd_on_its_tls_port(pki: dict[str, str]) -> None:
+    """beanstalkd inside TLS from the first byte, on a port of its own, sharing its tubes
+    with the plain listener; a plain client on the TLS port is closed and counted."""
+    async with running_gateway(
+        beanstalk="127.0.0.1:0", beanstalk_tls="127.0.0.1:0",
+        tls_cert=pki["cert"], tls_key=pki["key"],
+    ) as gw:  # fmt: skip
+        tcp = await trio.open_tcp_stream(*gw.addresses["beanstalk-tls"])
+        tls = trio.SSLStream(
+            tcp, ssl.create_default_context(cafile=pki["ca"]), server_hostname="127.0.0.1"
+        )
+        await tls.send_all(b"use secure\r\nput 0 0 60 6\r\nsecret\r\n")
+        assert await read_until(tls, b"INSERTED 1\r\n") == b"USING secure\r\nINSERTED 1\r\n"
+        plain = await trio.open_tcp_stream(*gw.addresses["beanstalk"])
+        await plain.send_all(b"watch secure\r\nreserve-with-timeout 0\r\n")
+        got = await read_until(plain, b"secret\r\n")
+        assert got == b"WATCHING 2\r\nRESERVED 1 6\r\nsecret\r\n"
+        wrong = await trio.open_tcp_stream(*gw.addresses["beanstalk-tls"])
+        await wrong.send_all(b"stats\r\n")
+        answer = b""
+        with trio.fail_after(10):
+            while chunk := await wrong.receive_some(4096):
+                answer += chunk
+        assert b"OK" not in answer  # no beanstalkd reply in the clear, then the close
+    with pytest.raises(ValidationError, match="beanstalk_tls needs a certificate"):
+        async with running_gateway(beanstalk_tls="127.0.0.1:0"):
+            pass
