@@ -219,7 +219,9 @@ class NATSClientSession(QueuedWriter):
         interval = self.server.ping_interval
         await trio.sleep(min(interval, _FIRST_PING))
         while True:
-            if self._heard:
+            if self._heard or (not self.connected and self.server.auth_required):
+                # a client that must authenticate is not PINGed before its CONNECT, as
+                # nats-server does not: the auth timer ends it if CONNECT never comes
                 self._heard = False
                 self._pings_out = 0
             elif self._pings_out + 1 > self.server.ping_max:
