@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Address, GatewayProcess, make_placement
 
 Report = Any  # a multiprocessing.Queue of (kind, name, payload)
+LIFE = (2.0, 10.0)  # seconds a consumer's connection lives before it resets (--churn)
 
 
 # -- small blocking clients -------------------------------------------------------------
@@ -127,13 +128,15 @@ def nsq_producer(addr: Address, stop: Event, report: Report, mpub: bool) -> None
 
 
 def beanstalk_producer(addr: Address, stop: Event, report: Report) -> None:
+    # TTR 3 s: a job's TTR is how long any consumer holds it, an NSQ consumer too, so what a
+    # reset leaves in flight comes back within the consumers' 5 s of quiet at the end
     acked = 0
     c = Conn(addr)
     c.sock.sendall(b"use soak.bs\r\n")
     c.line()
     while not stop.is_set():
         b = body("put", acked)
-        c.sock.sendall(b"put 100 0 30 %d\r\n%s\r\n" % (len(b), b))
+        c.sock.sendall(b"put 100 0 3 %d\r\n%s\r\n" % (len(b), b))
         reply = c.line()
         assert reply.startswith(b"INSERTED"), reply
         acked += 1
@@ -172,7 +175,7 @@ def nsq_consumer(addr: Address, topic: str, drain: Event, report: Report, seed: 
         identify = json.dumps({"msg_timeout": 2000}).encode()
         c.sock.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify)
         c.sock.sendall(b"SUB %s c\nRDY 50\n" % topic.encode())
-        life = time.monotonic() + rng.uniform(2, 10)
+        life = time.monotonic() + rng.uniform(*LIFE)
         try:
             while True:
                 if not drain.is_set() and time.monotonic() > life:
@@ -211,7 +214,7 @@ def beanstalk_worker(addr: Address, tube: str, drain: Event, report: Report, see
         c.sock.sendall(b"watch %s\r\nignore default\r\n" % tube.encode())
         c.line()
         c.line()
-        life = time.monotonic() + rng.uniform(2, 10)
+        life = time.monotonic() + rng.uniform(*LIFE)
         try:
             while True:
                 if not drain.is_set() and time.monotonic() > life:
@@ -318,8 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the baseline")
     ap.add_argument("--tolerance", type=float, default=0.2, help="RSS/fd growth allowed")
     ap.add_argument("--pin", default="none", help="CPU placement, as the other benches")
+    ap.add_argument("--churn", type=float, default=1.0, help="consumer resets x this often")
     args = ap.parse_args(argv)
     warmup = min(args.warmup, args.seconds / 4)
+    global LIFE
+    LIFE = (LIFE[0] / args.churn, LIFE[1] / args.churn)
     data = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
     gw = GatewayProcess(
         ["serve", "--data-dir", str(data / "data"), "--nsq", "127.0.0.1:0",
@@ -356,11 +362,13 @@ def run(
         "/channel/create?topic=soak.bs&channel=c",
     ):
         urllib.request.urlopen(urllib.request.Request(http + path, method="POST"), timeout=10)
-    for tube in (b"soak.nsq", b"soak.bs"):  # a beanstalkd worker group on each topic
-        w = Conn(bs)
-        w.sock.sendall(b"watch " + tube + b"\r\n")
-        w.line()
-        w.sock.close()
+    # a beanstalkd worker group on each topic, kept for the whole run by a connection that
+    # watches both: a tube's group goes when nobody watches it and it is empty
+    # (docs/semantics.md), and the workers below reset their connections on purpose
+    keeper = Conn(bs)
+    keeper.sock.sendall(b"watch soak.nsq\r\nwatch soak.bs\r\n")
+    keeper.line()
+    keeper.line()
     producers = [
         multiprocessing.Process(target=nsq_producer, args=(nsq, stop, report, False)),
         multiprocessing.Process(target=nsq_producer, args=(nsq, stop, report, True)),
@@ -400,6 +408,18 @@ def run(
     for p in consumers:
         p.join(60)
     final = sample(gw.proc.pid, addrs["http"])
+    # what the groups still hold (all zero when every message was delivered and finished)
+    http = f"http://{addrs['http'][0]}:{addrs['http'][1]}"
+    with urllib.request.urlopen(f"{http}/stats?format=json", timeout=10) as r:
+        stats = json.loads(r.read())
+    held = {
+        f"{t['topic_name']}/{c['channel_name']}": {
+            k: c[k] for k in ("depth", "in_flight_count", "deferred_count")
+        }
+        for t in stats["topics"]
+        for c in t["channels"]
+        if t["topic_name"].startswith("soak.") and c["channel_name"] != "slow"
+    }
     code = gw.stop()
     # every acknowledged message reached every group of its topic
     lost_total = 0
@@ -417,6 +437,7 @@ def run(
                 f" delivered {len(got & want):7d} lost {len(lost)}{example}"
                 f" (consumer reconnects {reconnects})"
             )
+    print(f"still held by the groups at the end: {held}")
     print(f"soak.nats: published {results['acked']['soak.nats/pub']}, subscriber got "
           f"{results['nats'].get('subscriber')}, slow subscriber got {results['nats'].get('slow')}"
           " (NATS is at most once; not counted as loss)")  # fmt: skip
