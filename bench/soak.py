@@ -444,7 +444,7 @@ def run(
     base = next((s for t, s in samples if t >= warmup), samples[-1][1])
     last = samples[-1][1]
     print("\n## resources: after warm-up -> last sample under load (-> after the drain)")
-    verdicts = {"lost": lost_total == 0, "exit": code == 0}
+    verdicts = {"nothing_lost": lost_total == 0, "exit_0": code == 0}
     for key in ("rss_mb", "fds", "tasks"):
         start, end = base[key], last[key]
         flat = end <= start * (1 + args.tolerance) + (5 if key != "rss_mb" else 10)
