@@ -1,0 +1,328 @@
+"""The Redis store's server-side steps: one function library, loaded once per connection
+pool with FUNCTION LOAD REPLACE, called with FCALL (pipelined, so no per-call round trip
+and no SCRIPT EXISTS check).
+
+Every function takes one key, the topic's prefix `gw:{topic}:`: every key it touches
+starts with it, so they all hash to the topic's Cluster slot (the hash tag). The layout is
+in docs/storage.md ("Redis"):
+
+  m         hash  id -> packed message (body, timestamp, ttr, headers, ...), stored once
+  n         hash  id -> groups still holding the message (refs; the body goes at 0)
+  groups    hash  group -> paused (0/1)
+  r:<g>     zset  ready, every score 0, member = 8 hex digits of priority + 16 of id, so
+                  lexicographic order is (priority, id) and ZRANGEBYLEX pages it
+  d:<g>     zset  deferred: score = due (ms since the epoch), member = id
+  f:<g>     zset  claimed (in flight on some gateway): score = deadline (ms), member = id
+  o:<g>     hash  id -> the claiming gateway
+  b:<g>     zset  buried: score = burial order, member = id
+  s:<g>     hash  id -> "attempts:priority" (the per-group fields)
+The group "" is the topic's backlog (published before any group existed).
+
+Ids are 16 lowercase hex digits everywhere (as NSQ shows them).
+"""
+
+from __future__ import annotations
+
+LIBRARY_NAME = "gateway_v1"
+
+LIBRARY = r"""#!lua name=gateway_v1
+
+local function fields(s, g, id)
+  local v = redis.call('HGET', s .. g, id)
+  if not v then return nil end
+  local c = string.find(v, ':', 1, true)
+  return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
+end
+
+local function rkey(prio, id) return string.format('%08x', prio) .. id end
+
+-- take a message out of whatever state it is in within one group (not its fields)
+local function unplace(p, g, id, prio)
+  redis.call('ZREM', p .. 'r:' .. g, rkey(prio, id))
+  redis.call('ZREM', p .. 'd:' .. g, id)
+  redis.call('ZREM', p .. 'b:' .. g, id)
+  if redis.call('ZREM', p .. 'f:' .. g, id) == 1 then redis.call('HDEL', p .. 'o:' .. g, id) end
+end
+
+local function place(p, g, id, prio, state, score)
+  if state == 'r' then
+    redis.call('ZADD', p .. 'r:' .. g, 0, rkey(prio, id))
+  elseif state == 'b' then
+    redis.call('ZADD', p .. 'b:' .. g, redis.call('HINCRBY', p .. 'seq', 'b', 1), id)
+  else
+    redis.call('ZADD', p .. state .. ':' .. g, score, id)
+  end
+end
+
+local function release(p, id)
+  if redis.call('HINCRBY', p .. 'n', id, -1) <= 0 then
+    redis.call('HDEL', p .. 'n', id)
+    redis.call('HDEL', p .. 'm', id)
+  end
+end
+
+local function drop_all(p, g)
+  local s = p .. 's:' .. g
+  local ids = redis.call('HKEYS', s)
+  for _, id in ipairs(ids) do release(p, id) end
+  redis.call('DEL', s, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g, p .. 'f:' .. g,
+             p .. 'o:' .. g)
+end
+
+-- put: due_ms attempts prio ngroups g... then id packed pairs
+redis.register_function('gw_put', function(keys, a)
+  local p = keys[1]
+  local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
+  local groups = {}
+  for i = 1, ng do groups[i] = a[4 + i] end
+  if ng == 0 then groups[1] = '' end
+  local refs = #groups
+  local f = attempts .. ':' .. prio
+  for i = 5 + ng, #a, 2 do
+    local id = a[i]
+    redis.call('HSET', p .. 'm', id, a[i + 1])
+    redis.call('HSET', p .. 'n', id, refs)
+    for _, g in ipairs(groups) do
+      redis.call('HSET', p .. 's:' .. g, id, f)
+      if due > 0 then
+        redis.call('ZADD', p .. 'd:' .. g, due, id)
+      else
+        redis.call('ZADD', p .. 'r:' .. g, 0, rkey(prio, id))
+      end
+    end
+  end
+  return refs
+end)
+
+-- update: group owner then (id attempts prio state score expect) x n
+-- state r(eady) d(eferred, score = due) b(uried) f(claimed, score = deadline);
+-- expect: where the message must be for the change to apply: f (in flight and claimed by
+-- `owner`), b, d, r, or * (anywhere). A change that finds the message elsewhere (finished,
+-- claimed or kicked by another gateway since) is skipped.
+redis.register_function('gw_update', function(keys, a)
+  local p, g, owner = keys[1], a[1], a[2]
+  local applied = 0
+  for i = 3, #a, 6 do
+    local id, attempts, prio, state, score, expect =
+      a[i], a[i + 1], tonumber(a[i + 2]), a[i + 3], tonumber(a[i + 4]), a[i + 5]
+    local _, was = fields(p .. 's:', g, id)
+    local ok = was ~= nil
+    if ok and expect ~= '*' then
+      if expect == 'f' then
+        ok = redis.call('HGET', p .. 'o:' .. g, id) == owner
+      elseif expect == 'r' then
+        ok = redis.call('ZSCORE', p .. 'r:' .. g, rkey(was, id)) ~= false
+      else
+        ok = redis.call('ZSCORE', p .. expect .. ':' .. g, id) ~= false
+      end
+    end
+    if ok then
+      unplace(p, g, id, was)
+      redis.call('HSET', p .. 's:' .. g, id, attempts .. ':' .. prio)
+      place(p, g, id, prio, state, score)
+      if state == 'f' then redis.call('HSET', p .. 'o:' .. g, id, owner) end
+      applied = applied + 1
+    end
+  end
+  return applied
+end)
+
+-- remove: group owner id... (acknowledged or deleted); owner '' removes whoever holds it
+redis.register_function('gw_remove', function(keys, a)
+  local p, g, owner = keys[1], a[1], a[2]
+  local removed = 0
+  for i = 3, #a do
+    local id = a[i]
+    local _, prio = fields(p .. 's:', g, id)
+    if prio ~= nil then
+      local holder = redis.call('HGET', p .. 'o:' .. g, id)
+      if owner == '' or not holder or holder == owner then
+        unplace(p, g, id, prio)
+        redis.call('HDEL', p .. 's:' .. g, id)
+        release(p, id)
+        removed = removed + 1
+      end
+    end
+  end
+  return removed
+end)
+
+-- fan_out: group... (the backlog goes to every one of them)
+redis.register_function('gw_fan_out', function(keys, a)
+  local p = keys[1]
+  local s = p .. 's:'
+  local ids = redis.call('HKEYS', s)
+  for _, id in ipairs(ids) do
+    local attempts, prio = fields(s, '', id)
+    local due = redis.call('ZSCORE', p .. 'd:', id)
+    for _, g in ipairs(a) do
+      redis.call('HSET', s .. g, id, attempts .. ':' .. prio)
+      if due then place(p, g, id, prio, 'd', due) else place(p, g, id, prio, 'r', 0) end
+    end
+    redis.call('HINCRBY', p .. 'n', id, #a - 1)
+    if #a == 0 then release(p, id) end
+  end
+  redis.call('DEL', s, p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
+  return #ids
+end)
+
+redis.register_function('gw_add_group', function(keys, a)
+  return redis.call('HSETNX', keys[1] .. 'groups', a[1], 0)
+end)
+
+redis.register_function('gw_clear', function(keys, a)
+  drop_all(keys[1], a[1])
+  return 1
+end)
+
+redis.register_function('gw_drop_group', function(keys, a)
+  drop_all(keys[1], a[1])
+  return redis.call('HDEL', keys[1] .. 'groups', a[1])
+end)
+
+redis.register_function('gw_drop_topic', function(keys, a)
+  local p = keys[1]
+  for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
+  drop_all(p, '')
+  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'seq')
+  return 1
+end)
+
+-- snapshot: group window (-1: all, 0: none) -> {spilled, ready[], deferred[], buried[], claimed}
+-- ready/deferred/buried entries are flat (id attempts prio packed [due])
+local function entry(p, g, id, out, with_due, due)
+  local attempts, prio = fields(p .. 's:', g, id)
+  if attempts == nil then return end
+  out[#out + 1] = id
+  out[#out + 1] = attempts
+  out[#out + 1] = prio
+  out[#out + 1] = redis.call('HGET', p .. 'm', id) or ''
+  if with_due then out[#out + 1] = due end
+end
+
+redis.register_function('gw_snapshot', function(keys, a)
+  local p, g, window = keys[1], a[1], tonumber(a[2])
+  local ready, deferred, buried = {}, {}, {}
+  local r = p .. 'r:' .. g
+  local total = redis.call('ZCARD', r)
+  local members = {}
+  if window ~= 0 then members = redis.call('ZRANGE', r, 0, window > 0 and window - 1 or -1) end
+  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), ready, false) end
+  local d = redis.call('ZRANGE', p .. 'd:' .. g, 0, -1, 'WITHSCORES')
+  for i = 1, #d, 2 do entry(p, g, d[i], deferred, true, d[i + 1]) end
+  for _, id in ipairs(redis.call('ZRANGE', p .. 'b:' .. g, 0, -1)) do
+    entry(p, g, id, buried, false)
+  end
+  return {total - #members, ready, deferred, buried, redis.call('ZCARD', p .. 'f:' .. g)}
+end)
+
+-- load: group from_member limit -> flat (id attempts prio packed) in (priority, id) order
+redis.register_function('gw_load', function(keys, a)
+  local p, g = keys[1], a[1]
+  local out = {}
+  local members = redis.call('ZRANGEBYLEX', p .. 'r:' .. g, '[' .. a[2], '+', 'LIMIT', 0, a[3])
+  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), out, false) end
+  return out
+end)
+
+-- Move what is due back to ready: deferred messages whose time came, and claims whose
+-- deadline passed (a gateway that died, or a consumer that never answered). The attempt
+-- was counted when the message was delivered, so the next delivery shows attempts + 1.
+local function promote(p, g, now)
+  local d = p .. 'd:' .. g
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 1000)) do
+    local _, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', d, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  local f = p .. 'f:' .. g
+  local expired = redis.call('ZRANGEBYSCORE', f, '-inf', now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(expired) do
+    local _, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', f, id)
+    redis.call('HDEL', p .. 'o:' .. g, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  return #expired
+end
+
+local function next_due(p, g)
+  local nxt = -1
+  for _, k in ipairs({p .. 'd:' .. g, p .. 'f:' .. g}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+    if first[2] then
+      local t = tonumber(first[2])
+      if nxt < 0 or t < nxt then nxt = t end
+    end
+  end
+  return nxt
+end
+
+-- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, flat (id attempts prio
+-- packed)}: the n most urgent ready messages become claimed by `owner` until now + lease
+-- (the delivery then sets the consumer's own deadline)
+redis.register_function('gw_claim', function(keys, a)
+  local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
+    tonumber(a[4]), a[5]
+  local expired = promote(p, g, now)
+  local out = {}
+  if n > 0 then
+    local r = p .. 'r:' .. g
+    local members = redis.call('ZRANGE', r, 0, n - 1)
+    for _, mem in ipairs(members) do
+      local id = string.sub(mem, 9)
+      redis.call('ZREM', r, mem)
+      redis.call('ZADD', p .. 'f:' .. g, now + lease, id)
+      redis.call('HSET', p .. 'o:' .. g, id, owner)
+      entry(p, g, id, out, false)
+    end
+  end
+  return {next_due(p, g), expired, out}
+end)
+
+-- touch: group owner deadline_ms id... (a claim's deadline moves; only its owner's)
+redis.register_function('gw_touch', function(keys, a)
+  local p, g, owner, deadline = keys[1], a[1], a[2], a[3]
+  local n = 0
+  for i = 4, #a do
+    if redis.call('HGET', p .. 'o:' .. g, a[i]) == owner then
+      redis.call('ZADD', p .. 'f:' .. g, 'XX', deadline, a[i])
+      n = n + 1
+    end
+  end
+  return n
+end)
+
+-- counts: group... -> flat (ready deferred claimed buried) per group
+redis.register_function('gw_counts', function(keys, a)
+  local p = keys[1]
+  local out = {}
+  for _, g in ipairs(a) do
+    out[#out + 1] = redis.call('ZCARD', p .. 'r:' .. g)
+    out[#out + 1] = redis.call('ZCARD', p .. 'd:' .. g)
+    out[#out + 1] = redis.call('ZCARD', p .. 'f:' .. g)
+    out[#out + 1] = redis.call('ZCARD', p .. 'b:' .. g)
+  end
+  return out
+end)
+
+-- raise_ids: KEYS[1] = the id counter; never below a[1] (ids numbered by a caller)
+redis.register_function('gw_raise_ids', function(keys, a)
+  local cur = tonumber(redis.call('GET', keys[1]) or '0')
+  if cur < tonumber(a[1]) then redis.call('SET', keys[1], a[1]) end
+  return 1
+end)
+
+-- kick: group n -> ids moved from buried to ready (the oldest burials first)
+redis.register_function('gw_kick', function(keys, a)
+  local p, g = keys[1], a[1]
+  local b = p .. 'b:' .. g
+  local ids = redis.call('ZRANGE', b, 0, tonumber(a[2]) - 1)
+  for _, id in ipairs(ids) do
+    local _, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', b, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  return ids
+end)
+"""
