@@ -107,15 +107,16 @@ class RedisStore(Store):
         # shared: ready messages are claimed, not loaded; deferred and buried ones stay in
         # Redis too (every gateway sees the same)
         size = 0 if self.shares else (window if window > 0 else -1)
-        backlog = await client.fcall("gw_snapshot", [p], ["", -1])
-        topic.backlog = unpack_flat(name, backlog[1])
+        if not self.shares:
+            backlog = await client.fcall("gw_snapshot", [p], ["", -1])
+            topic.backlog = unpack_flat(name, backlog[1])
         for raw_group, g_paused in sorted(groups.items()):
             gname = raw_group.decode()
             snap = await client.fcall("gw_snapshot", [p], [gname, size])
             group = StoredGroup(gname, g_paused == b"1")
             spilled, ready, deferred, buried, _claimed = snap
-            group.spilled = int(spilled)
             if not self.shares:
+                group.spilled = int(spilled)
                 group.ready = unpack_flat(name, ready)
                 group.ready += unpack_flat(name, deferred, with_due=True)
                 group.buried = unpack_flat(name, buried)
@@ -187,20 +188,15 @@ class RedisStore(Store):
             ):
                 run = messages[start:i]
                 first = run[0]
+                # shared: Redis resolves the groups (-1), atomically with the put
+                where = [-1] if self.shares else [len(groups), *groups]
                 self._record(
                     "gw_put",
                     topic,
-                    [
-                        _ms(due),
-                        first.attempts,
-                        first.priority,
-                        len(groups),
-                        *groups,
-                        *pack_all(run),
-                    ],
+                    [_ms(due), first.attempts, first.priority, *where, *pack_all(run)],
                 )
                 start = i
-        if groups and due <= 0.0:
+        if due <= 0.0:
             self._notify(topic)
         last = messages[-1].id
         if last > self._top_id:
@@ -276,7 +272,7 @@ class RedisStore(Store):
         self._recorded += 1
 
     def add_group(self, topic: str, group: str) -> None:
-        self._record("gw_add_group", topic, [group])
+        self._record("gw_add_group", topic, [group, 1 if self.shares else 0])
 
     def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
         self._record("gw_fan_out", topic, list(groups))
@@ -296,6 +292,8 @@ class RedisStore(Store):
         flag = 1 if paused else 0
         if group is None:
             self._pending.append(("hset", TOPICS_KEY, [topic, flag]))
+            if self.shares:
+                self._pending.append(("gw_topic_paused", topic_key(topic), [flag]))
         else:
             self._pending.append(("hset", topic_key(topic) + "groups", [group, flag]))
         self._recorded += 1

@@ -69,13 +69,26 @@ local function drop_all(p, g)
              p .. 'o:' .. g)
 end
 
--- put: due_ms attempts prio ngroups g... then id packed pairs
+-- the groups a publish goes to as Redis has them (shared): none while the topic is
+-- paused or has no group, then the backlog '' keeps it
+local function current_groups(p)
+  if redis.call('HGET', p .. 'meta', 'paused') == '1' then return {} end
+  return redis.call('HKEYS', p .. 'groups')
+end
+
+-- put: due_ms attempts prio ngroups g... then id packed pairs; ngroups -1: every group the
+-- topic has in Redis now (several gateways publish; none has to know the others' groups)
 redis.register_function('gw_put', function(keys, a)
   local p = keys[1]
   local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
   local groups = {}
-  for i = 1, ng do groups[i] = a[4 + i] end
-  if ng == 0 then groups[1] = '' end
+  if ng < 0 then
+    groups = current_groups(p)
+    ng = 0
+  else
+    for i = 1, ng do groups[i] = a[4 + i] end
+  end
+  if #groups == 0 then groups[1] = '' end
   local refs = #groups
   local f = attempts .. ':' .. prio
   for i = 5 + ng, #a, 2 do
@@ -148,8 +161,7 @@ redis.register_function('gw_remove', function(keys, a)
 end)
 
 -- fan_out: group... (the backlog goes to every one of them)
-redis.register_function('gw_fan_out', function(keys, a)
-  local p = keys[1]
+local function fan_out(p, a)
   local s = p .. 's:'
   local ids = redis.call('HKEYS', s)
   for _, id in ipairs(ids) do
@@ -164,10 +176,30 @@ redis.register_function('gw_fan_out', function(keys, a)
   end
   redis.call('DEL', s, p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
   return #ids
+end
+
+redis.register_function('gw_fan_out', function(keys, a) return fan_out(keys[1], a) end)
+
+-- add_group: group adopt; adopt '1' (shared): the first group takes the backlog
+redis.register_function('gw_add_group', function(keys, a)
+  local p = keys[1]
+  local added = redis.call('HSETNX', p .. 'groups', a[1], 0)
+  if added == 1 and a[2] == '1' and redis.call('HLEN', p .. 'groups') == 1
+     and redis.call('HGET', p .. 'meta', 'paused') ~= '1' then
+    fan_out(p, {a[1]})
+  end
+  return added
 end)
 
-redis.register_function('gw_add_group', function(keys, a)
-  return redis.call('HSETNX', keys[1] .. 'groups', a[1], 0)
+-- topic_paused: 0/1 (shared); unpaused, the backlog goes to every group
+redis.register_function('gw_topic_paused', function(keys, a)
+  local p = keys[1]
+  redis.call('HSET', p .. 'meta', 'paused', a[1])
+  if a[1] == '0' then
+    local groups = current_groups(p)
+    if #groups > 0 then fan_out(p, groups) end
+  end
+  return 1
 end)
 
 redis.register_function('gw_clear', function(keys, a)
@@ -184,7 +216,7 @@ redis.register_function('gw_drop_topic', function(keys, a)
   local p = keys[1]
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
-  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'seq')
+  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'seq', p .. 'meta')
   return 1
 end)
 
