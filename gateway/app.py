@@ -89,7 +89,8 @@ class Gateway:
     def __post_init__(self) -> None:
         s = self.settings
         if self.store is None:
-            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync)
+            wait = s.store_wait if s.store_wait is not None else float("inf")
+            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync, wait=wait)
         if self.ssl_context is None and s.tls_cert and s.tls_key:
             self.ssl_context = server_ssl_context(s.tls_cert, s.tls_key)
         self.archive = self._archive()

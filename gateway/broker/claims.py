@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.broker")
 
+CLAIM_LEASE = 60.0  # seconds, for consumers that name no timeout
 CLAIM_BATCH = 512  # at most this many messages per claim (one round trip)
 REFRESH = 1.0  # seconds between registry and count refreshes; also the idle re-check
 _RETRY = 0.5
@@ -109,7 +110,9 @@ class Claims:
         n = min(self.room(group), CLAIM_BATCH)
         if n <= 0:
             return
-        msgs, due, _expired = await self.store.claim(group.topic.name, group.name, n)
+        # until delivered (at once), a claim lasts as long as a delivery would
+        lease = max((c.timeout for c in group.consumers), default=0.0) or CLAIM_LEASE
+        msgs, due, _expired = await self.store.claim(group.topic.name, group.name, n, lease)
         if due:
             at = trio.current_time() + max(due - time.time(), 0.0) + 0.001
             self._wake_at = min(self._wake_at, at)
@@ -173,8 +176,9 @@ class Claims:
             counts = await self.store.counts(t.name, ["", *(g.name for g in stored)])
             backlog, *per_group = counts
             t.remote_backlog = backlog[0] + backlog[1]
-            for g, (ready, deferred, _claimed, buried) in zip(stored, per_group, strict=True):
+            for g, (ready, deferred, _claimed, buried, head) in zip(stored, per_group, strict=True):
                 g.remote_ready = ready
                 g.remote_deferred = deferred
                 g.remote_buried = buried
+                g.remote_buried_head = head
                 g.message_count = ready + deferred + len(g.ready)

@@ -106,6 +106,10 @@ class Journal:
             return
         self.store.update(group.topic.name, group.name, message, 0.0)
 
+    def kicked(self, group: Group, n: int) -> None:
+        """A shared store's buried (or deferred) messages: `n` of them ready again."""
+        self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined]
+
     def touched(self, group: Group, message: Message, deadline: float) -> None:
         if self.store.shares:
             self.store.touched(group.topic.name, group.name, message, to_wall(deadline))  # type: ignore[attr-defined]

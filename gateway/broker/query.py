@@ -260,6 +260,8 @@ def peek_buried(view: View) -> Message | None:
     """The oldest buried message (the one a kick takes first); a backlog buries none."""
     if isinstance(view, Group) and view.buried:
         return next(iter(view.buried.values()))
+    if isinstance(view, Group) and view.remote_buried_head is not None:
+        return view.remote_buried_head  # a shared store's, as last refreshed
     return None
 
 

@@ -50,6 +50,7 @@ ID_BLOCK = 1 << 16
 CLAIM_LEASE = 30.0
 _COMMIT_DELAY = 0.002  # records nobody awaits are sent this soon
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+_HEALTH_EVERY = 1.0
 
 # one recorded call: (function, topic prefix, arguments); removes and updates of one group
 # are merged while they are consecutive
@@ -338,8 +339,24 @@ class RedisStore(Store):
             nursery.start_soon(self._fetch_blocks)
             if self.shares:
                 nursery.start_soon(self.link.listen, NOTIFY, self._notified)
+            nursery.start_soon(self._watch)
             task_status.started()
             await self._commit_loop()
+
+    async def _watch(self) -> None:
+        """Redis lost while nothing is written: publishes are refused and /ready says 503
+        from the first failed ping until one succeeds (the client reconnects by itself)."""
+        while True:
+            await trio.sleep(_HEALTH_EVERY)
+            if await self.link.ping():
+                if self.failed is not None and not self._pending:
+                    log.warning("%s: reachable again", self.where)
+                    self.failed = None
+                elif self._pending:
+                    self._wake.set()
+            elif self.failed is None:
+                self.failed = StoreError(f"{self.where}: not answering")
+                log.error("%s: not answering; publishes are refused until it is back", self.where)
 
     def _notified(self, topic: bytes) -> None:
         if self.on_notify is not None:
@@ -374,7 +391,9 @@ class RedisStore(Store):
             raise StoreError(f"{self.where}: {exc}") from exc
         return unpack_flat(topic, flat)
 
-    async def claim(self, topic: str, group: str, n: int) -> tuple[list[Message], float, int]:
+    async def claim(
+        self, topic: str, group: str, n: int, lease: float = CLAIM_LEASE
+    ) -> tuple[list[Message], float, int]:
         """Shared: claim up to `n` ready messages of a group, most urgent first (due
         deferred messages and expired claims are made ready first). Returns them, the
         wall-clock time something else becomes due (0: nothing), and how many claims
@@ -385,18 +404,30 @@ class RedisStore(Store):
             nxt, expired, flat = await self.link.client.fcall(
                 "gw_claim",
                 [topic_key(topic)],
-                [group, n, _ms(now), _ms(CLAIM_LEASE), self.owner],
+                [group, n, _ms(now), _ms(lease), self.owner],
             )
         except Exception as exc:
             raise StoreError(f"{self.where}: {exc}") from exc
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
-    async def counts(self, topic: str, groups: Sequence[str]) -> list[tuple[int, int, int, int]]:
-        """Shared: (ready, deferred, claimed, buried) per group, as Redis has them."""
+    async def counts(
+        self, topic: str, groups: Sequence[str]
+    ) -> list[tuple[int, int, int, int, Message | None]]:
+        """Shared: (ready, deferred, claimed, buried, the oldest buried message) per group,
+        as Redis has them."""
         if not groups:
             return []
-        flat = await self.link.client.fcall("gw_counts", [topic_key(topic)], list(groups))
-        return [tuple(int(x) for x in flat[i : i + 4]) for i in range(0, len(flat), 4)]  # type: ignore[misc]
+        rows = await self.link.client.fcall("gw_counts", [topic_key(topic)], list(groups))
+        out = []
+        for r, d, f, b, head in rows:
+            first = unpack_flat(topic, head)
+            out.append((int(r), int(d), int(f), int(b), first[0] if first else None))
+        return out
+
+    def kick(self, topic: str, group: str, n: int) -> None:
+        """Shared: up to `n` buried (or, none buried, deferred) messages ready again."""
+        self._record("gw_kick", topic, [group, n])
+        self._notify(topic)
 
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         """Shared: every topic, its pause, and its groups with theirs."""

@@ -20,6 +20,8 @@ from gateway.stores.redis_lua import LIBRARY
 from gateway.stores.redis_url import RedisTarget
 
 log = logging.getLogger("gateway.store")
+# coredis logs every retry of a command at INFO: the store says what matters itself
+logging.getLogger("coredis").setLevel(logging.WARNING)
 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.25, 5.0
 

@@ -292,7 +292,9 @@ end
 
 -- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, flat (id attempts prio
 -- packed)}: the n most urgent ready messages become claimed by `owner` until now + lease
--- (the delivery then sets the consumer's own deadline)
+-- (the delivery then sets the consumer's own deadline). A claim is made only for a
+-- delivery, so the attempt is counted here already (the reply shows the count before
+-- it): a gateway killed before it recorded the delivery still gives attempts + 1.
 redis.register_function('gw_claim', function(keys, a)
   local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
     tonumber(a[4]), a[5]
@@ -307,6 +309,8 @@ redis.register_function('gw_claim', function(keys, a)
       redis.call('ZADD', p .. 'f:' .. g, now + lease, id)
       redis.call('HSET', p .. 'o:' .. g, id, owner)
       entry(p, g, id, out, false)
+      local attempts, prio = fields(p .. 's:', g, id)
+      if attempts then redis.call('HSET', p .. 's:' .. g, id, (attempts + 1) .. ':' .. prio) end
     end
   end
   return {next_due(p, g), expired, out}
@@ -325,15 +329,18 @@ redis.register_function('gw_touch', function(keys, a)
   return n
 end)
 
--- counts: group... -> flat (ready deferred claimed buried) per group
+-- counts: group... -> per group {ready, deferred, claimed, buried, oldest buried as
+-- (id attempts prio packed) or empty}
 redis.register_function('gw_counts', function(keys, a)
   local p = keys[1]
   local out = {}
   for _, g in ipairs(a) do
-    out[#out + 1] = redis.call('ZCARD', p .. 'r:' .. g)
-    out[#out + 1] = redis.call('ZCARD', p .. 'd:' .. g)
-    out[#out + 1] = redis.call('ZCARD', p .. 'f:' .. g)
-    out[#out + 1] = redis.call('ZCARD', p .. 'b:' .. g)
+    local head = {}
+    local first = redis.call('ZRANGE', p .. 'b:' .. g, 0, 0)
+    if first[1] then entry(p, g, first[1], head, false) end
+    out[#out + 1] = {
+      redis.call('ZCARD', p .. 'r:' .. g), redis.call('ZCARD', p .. 'd:' .. g),
+      redis.call('ZCARD', p .. 'f:' .. g), redis.call('ZCARD', p .. 'b:' .. g), head}
   end
   return out
 end)
@@ -345,16 +352,18 @@ redis.register_function('gw_raise_ids', function(keys, a)
   return 1
 end)
 
--- kick: group n -> ids moved from buried to ready (the oldest burials first)
+-- kick: group n -> how many moved to ready: the oldest burials first or, when none is
+-- buried, the deferred messages due first (beanstalkd's kick)
 redis.register_function('gw_kick', function(keys, a)
   local p, g = keys[1], a[1]
-  local b = p .. 'b:' .. g
-  local ids = redis.call('ZRANGE', b, 0, tonumber(a[2]) - 1)
+  local from = p .. 'b:' .. g
+  if redis.call('ZCARD', from) == 0 then from = p .. 'd:' .. g end
+  local ids = redis.call('ZRANGE', from, 0, tonumber(a[2]) - 1)
   for _, id in ipairs(ids) do
-    local _, prio = fields(p .. 's:', g, id)
-    redis.call('ZREM', b, id)
+    local attempts, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', from, id)
     if prio then place(p, g, id, prio, 'r', 0) end
   end
-  return ids
+  return #ids
 end)
 """
