@@ -83,3 +83,51 @@ class RedisServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class RedisCluster:
+    """Three masters on loopback, joined by `redis-cli --cluster create`."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.nodes = [
+            RedisServer(
+                directory / f"node{i}",
+                extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            )
+            for i in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:2])
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        done = subprocess.run(
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}{done.stderr}")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in self.nodes):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
