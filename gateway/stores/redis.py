@@ -318,11 +318,13 @@ class RedisStore(Store):
                 return
             await self._write()
 
-    async def _write(self) -> None:
+    async def _write(self, read: _Op | None = None) -> Any:
+        """Send what is recorded; `read`: one more call at the end of the same pipeline,
+        whose reply is returned (a claim rides with the records before it)."""
         ops, self._pending = self._pending, []
         target = self._recorded
         try:
-            await self.link.pipeline(ops)
+            replies = await self.link.pipeline(ops if read is None else [*ops, read])
         except StoreError as exc:
             self._pending[:0] = ops  # kept, in order, for the retry
             if self.failed is None:
@@ -333,6 +335,7 @@ class RedisStore(Store):
             log.warning("%s: writes succeed again", self.where)
             self.failed = None
         self._written = target
+        return replies[-1] if read is not None else None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -398,16 +401,9 @@ class RedisStore(Store):
         deferred messages and expired claims are made ready first). Returns them, the
         wall-clock time something else becomes due (0: nothing), and how many claims
         had expired."""
-        await self.flush()
-        now = time.time()
-        try:
-            nxt, expired, flat = await self.link.client.fcall(
-                "gw_claim",
-                [topic_key(topic)],
-                [group, n, _ms(now), _ms(lease), self.owner],
-            )
-        except Exception as exc:
-            raise StoreError(f"{self.where}: {exc}") from exc
+        op = ("gw_claim", topic_key(topic), [group, n, _ms(time.time()), _ms(lease), self.owner])
+        async with self._lock:  # after everything recorded before, in one round trip
+            nxt, expired, flat = await self._write(op)
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
     async def counts(

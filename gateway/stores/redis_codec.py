@@ -65,25 +65,46 @@ def pack_all(messages: Sequence[Message]) -> list[bytes | str]:
 
 
 def unpack(
-    topic: str, id_hex: bytes, attempts: bytes | int, prio: bytes | int, packed: bytes
+    topic: str,
+    id_hex: bytes,
+    attempts: bytes | int,
+    prio: bytes | int,
+    packed: bytes,
+    memo: dict[bytes, tuple[object, ...]] | None = None,
 ) -> Message:
+    """A message as `gw_put` stored it; `memo` caches the decoded meta, which the
+    messages of one publish share."""
     (n,) = _LEN.unpack_from(packed)
-    ts, ttr, reply_to, origin, headers, hb = json.loads(packed[4 : 4 + n])
+    raw = packed[4 : 4 + n]
+    doc = memo.get(raw) if memo is not None else None
+    if doc is None:
+        ts, ttr, reply_to, origin, headers, hb = json.loads(raw)
+        doc = (
+            ts,
+            ttr,
+            reply_to,
+            origin,
+            [tuple(h) for h in headers] if headers is not None else None,
+            hb.encode("latin-1") if hb is not None else None,
+        )
+        if memo is not None:
+            memo[raw] = doc
+    ts, ttr, reply_to, origin, headers, hb = doc
     m = Message(
         int(id_hex, 16),
         topic,
         packed[4 + n :],
-        ts,
-        [tuple(h) for h in headers] if headers is not None else None,
+        ts,  # type: ignore[arg-type]
+        list(headers) if headers is not None else None,  # type: ignore[call-overload]
         int(attempts),
         int(prio),
         0.0,
-        ttr,
-        reply_to,
-        origin,
+        ttr,  # type: ignore[arg-type]
+        reply_to,  # type: ignore[arg-type]
+        origin,  # type: ignore[arg-type]
     )
     if hb is not None:
-        m.header_block = hb.encode("latin-1")
+        m.header_block = hb  # type: ignore[assignment]
     return m
 
 
@@ -91,8 +112,9 @@ def unpack_flat(topic: str, flat: Sequence[bytes], *, with_due: bool = False) ->
     """(id attempts prio packed [due]) x n, as the library returns them."""
     out = []
     step = 5 if with_due else 4
+    memo: dict[bytes, tuple[object, ...]] = {}
     for i in range(0, len(flat), step):
-        m = unpack(topic, flat[i], flat[i + 1], flat[i + 2], flat[i + 3])
+        m = unpack(topic, flat[i], flat[i + 1], flat[i + 2], flat[i + 3], memo)
         if with_due:
             m.deliver_at = float(flat[i + 4]) / 1000.0
         out.append(m)

@@ -86,15 +86,15 @@ class RedisLink:
         with trio.fail_after(10):
             await self.client.function_load(LIBRARY, replace=True)
 
-    async def pipeline(self, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
-        """Send recorded calls in one pipeline, in order. Raises StoreError."""
+    async def pipeline(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
+        """Send recorded calls in one pipeline, in order; their replies. Raises StoreError."""
         if not ops:
-            return
+            return ()
         for attempt in (1, 2):
             try:
-                await self._send(ops)
+                replies = await self._send(ops)
                 self.up = True
-                return
+                return replies
             except Exception as exc:
                 if attempt == 1 and "function not found" in str(exc).lower():
                     # Redis restarted without its data (or FUNCTION FLUSH): load it again
@@ -102,8 +102,9 @@ class RedisLink:
                     continue
                 self.up = False
                 raise StoreError(f"{self.where}: {_what(exc)}") from None
+        raise AssertionError("unreachable")
 
-    async def _send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
+    async def _send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
         client = self.client
         if client is None:
             raise ConnectionError("not connected")
@@ -119,6 +120,7 @@ class RedisLink:
                     pipe.hdel(key, [args[0]])
                 else:
                     pipe.fcall(fn, [key], args)
+        return tuple(pipe.results or ())
 
     async def listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
         """Call `on_message` with every message on `channel`; resubscribes after a loss."""
