@@ -100,7 +100,8 @@ class Claims:
                 try:
                     await self._claim(group)
                 except StoreError as exc:
-                    log.warning("%s: claiming failed: %s", self.store.where, exc)
+                    if self.store.failed is None:  # else the store has said so already
+                        log.warning("%s: claiming failed: %s", self.store.where, exc)
                     await trio.sleep(_RETRY)
                     self._wanted.setdefault(group, None)
 
