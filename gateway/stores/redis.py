@@ -55,7 +55,7 @@ _HEALTH_EVERY = 1.0
 # one recorded call: (function, topic prefix, arguments); removes and updates of one group
 # are merged while they are consecutive
 _Op = tuple[str, str, list[Any]]
-_MERGED = frozenset({"gw_remove", "gw_update"})
+_MERGED = frozenset({"gw_remove", "gw_update", "gw_touch"})
 
 
 def _ms(seconds: float) -> int:
@@ -240,28 +240,11 @@ class RedisStore(Store):
 
     def claimed(self, topic: str, group: str, message: Message, deadline: float) -> None:
         """Shared: a claimed message was delivered; it stays claimed until `deadline`
-        (wall clock) with its attempt counted."""
-        self._record(
-            "gw_update",
-            topic,
-            [
-                group,
-                self.owner,
-                hex_id(message.id),
-                message.attempts,
-                message.priority,
-                "f",
-                _ms(deadline),
-                "f",
-            ],
-        )
+        (wall clock). Its attempt was counted by the claim."""
+        self._record("gw_touch", topic, [group, self.owner, hex_id(message.id), _ms(deadline)])
 
     def touched(self, topic: str, group: str, message: Message, deadline: float) -> None:
-        self._pending.append(
-            ("gw_touch", topic_key(topic), [group, self.owner, _ms(deadline), hex_id(message.id)])
-        )
-        self._recorded += 1
-        self._wake.set()
+        self._record("gw_touch", topic, [group, self.owner, hex_id(message.id), _ms(deadline)])
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         ids = [hex_id(m.id) for m in messages]

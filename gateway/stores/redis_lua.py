@@ -36,6 +36,17 @@ end
 
 local function rkey(prio, id) return string.format('%08x', prio) .. id end
 
+-- one command over many arguments, in slices that fit Lua's stack
+local function bulk(cmd, key, items)
+  local n = #items
+  local i = 1
+  while i <= n do
+    local j = math.min(i + 3999, n)
+    redis.call(cmd, key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+
 -- take a message out of whatever state it is in within one group (not its fields)
 local function unplace(p, g, id, prio)
   redis.call('ZREM', p .. 'r:' .. g, rkey(prio, id))
@@ -77,7 +88,8 @@ local function current_groups(p)
 end
 
 -- put: due_ms attempts prio ngroups g... then id packed pairs; ngroups -1: every group the
--- topic has in Redis now (several gateways publish; none has to know the others' groups)
+-- topic has in Redis now (several gateways publish; none has to know the others' groups).
+-- A handful of bulk commands per call, whatever the number of messages.
 redis.register_function('gw_put', function(keys, a)
   local p = keys[1]
   local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
@@ -91,18 +103,23 @@ redis.register_function('gw_put', function(keys, a)
   if #groups == 0 then groups[1] = '' end
   local refs = #groups
   local f = attempts .. ':' .. prio
+  local ms, ns, ss, qs = {}, {}, {}, {}
   for i = 5 + ng, #a, 2 do
     local id = a[i]
-    redis.call('HSET', p .. 'm', id, a[i + 1])
-    redis.call('HSET', p .. 'n', id, refs)
-    for _, g in ipairs(groups) do
-      redis.call('HSET', p .. 's:' .. g, id, f)
-      if due > 0 then
-        redis.call('ZADD', p .. 'd:' .. g, due, id)
-      else
-        redis.call('ZADD', p .. 'r:' .. g, 0, rkey(prio, id))
-      end
+    ms[#ms + 1] = id; ms[#ms + 1] = a[i + 1]
+    ns[#ns + 1] = id; ns[#ns + 1] = refs
+    ss[#ss + 1] = id; ss[#ss + 1] = f
+    if due > 0 then
+      qs[#qs + 1] = due; qs[#qs + 1] = id
+    else
+      qs[#qs + 1] = 0; qs[#qs + 1] = rkey(prio, id)
     end
+  end
+  bulk('HSET', p .. 'm', ms)
+  bulk('HSET', p .. 'n', ns)
+  for _, g in ipairs(groups) do
+    bulk('HSET', p .. 's:' .. g, ss)
+    bulk('ZADD', p .. (due > 0 and 'd:' or 'r:') .. g, qs)
   end
   return refs
 end)
@@ -140,24 +157,38 @@ redis.register_function('gw_update', function(keys, a)
   return applied
 end)
 
--- remove: group owner id... (acknowledged or deleted); owner '' removes whoever holds it
+-- remove: group owner id... (acknowledged or deleted); owner '' removes whoever holds it.
+-- Bulk commands per call, however many ids (a session's batch of FINs is one call).
 redis.register_function('gw_remove', function(keys, a)
   local p, g, owner = keys[1], a[1], a[2]
-  local removed = 0
-  for i = 3, #a do
-    local id = a[i]
-    local _, prio = fields(p .. 's:', g, id)
-    if prio ~= nil then
-      local holder = redis.call('HGET', p .. 'o:' .. g, id)
-      if owner == '' or not holder or holder == owner then
-        unplace(p, g, id, prio)
-        redis.call('HDEL', p .. 's:' .. g, id)
-        release(p, id)
-        removed = removed + 1
-      end
+  local ids = {}
+  for i = 3, #a do ids[#ids + 1] = a[i] end
+  if #ids == 0 then return 0 end
+  local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
+  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local gone, members = {}, {}
+  for i, id in ipairs(ids) do
+    local v, holder = svals[i], holders[i]
+    if v and (owner == '' or not holder or holder == owner) then
+      gone[#gone + 1] = id
+      members[#members + 1] = rkey(tonumber(string.sub(v, string.find(v, ':', 1, true) + 1)), id)
     end
   end
-  return removed
+  if #gone == 0 then return 0 end
+  bulk('ZREM', p .. 'r:' .. g, members)
+  for _, k in ipairs({'d:', 'b:', 'f:'}) do bulk('ZREM', p .. k .. g, gone) end
+  bulk('HDEL', p .. 'o:' .. g, gone)
+  bulk('HDEL', p .. 's:' .. g, gone)
+  local refs = redis.call('HMGET', p .. 'n', unpack(gone))
+  local drop, keep = {}, {}
+  for i, id in ipairs(gone) do
+    local left = (tonumber(refs[i]) or 1) - 1
+    if left <= 0 then drop[#drop + 1] = id else keep[#keep + 1] = id; keep[#keep + 1] = left end
+  end
+  bulk('HDEL', p .. 'n', drop)
+  bulk('HDEL', p .. 'm', drop)
+  bulk('HSET', p .. 'n', keep)
+  return #gone
 end)
 
 -- fan_out: group... (the backlog goes to every one of them)
@@ -300,33 +331,48 @@ redis.register_function('gw_claim', function(keys, a)
     tonumber(a[4]), a[5]
   local expired = promote(p, g, now)
   local out = {}
-  if n > 0 then
-    local r = p .. 'r:' .. g
-    local members = redis.call('ZRANGE', r, 0, n - 1)
-    for _, mem in ipairs(members) do
-      local id = string.sub(mem, 9)
-      redis.call('ZREM', r, mem)
-      redis.call('ZADD', p .. 'f:' .. g, now + lease, id)
-      redis.call('HSET', p .. 'o:' .. g, id, owner)
-      entry(p, g, id, out, false)
-      local attempts, prio = fields(p .. 's:', g, id)
-      if attempts then redis.call('HSET', p .. 's:' .. g, id, (attempts + 1) .. ':' .. prio) end
+  local r = p .. 'r:' .. g
+  local members = n > 0 and redis.call('ZRANGE', r, 0, n - 1) or {}
+  if #members > 0 then
+    bulk('ZREM', r, members)
+    local ids = {}
+    for i, mem in ipairs(members) do ids[i] = string.sub(mem, 9) end
+    local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
+    local bodies = redis.call('HMGET', p .. 'm', unpack(ids))
+    local fs, os, ss = {}, {}, {}
+    for i, id in ipairs(ids) do
+      local v = svals[i]
+      if v then
+        local c = string.find(v, ':', 1, true)
+        local attempts, prio = string.sub(v, 1, c - 1), string.sub(v, c + 1)
+        fs[#fs + 1] = now + lease; fs[#fs + 1] = id
+        os[#os + 1] = id; os[#os + 1] = owner
+        ss[#ss + 1] = id; ss[#ss + 1] = (tonumber(attempts) + 1) .. ':' .. prio
+        out[#out + 1] = id; out[#out + 1] = attempts; out[#out + 1] = prio
+        out[#out + 1] = bodies[i] or ''
+      end
     end
+    bulk('ZADD', p .. 'f:' .. g, fs)
+    bulk('HSET', p .. 'o:' .. g, os)
+    bulk('HSET', p .. 's:' .. g, ss)
   end
   return {next_due(p, g), expired, out}
 end)
 
--- touch: group owner deadline_ms id... (a claim's deadline moves; only its owner's)
+-- touch: group owner then (id deadline_ms) pairs: claims' deadlines move, only their
+-- owner's (a delivery, NSQ TOUCH, beanstalkd touch)
 redis.register_function('gw_touch', function(keys, a)
-  local p, g, owner, deadline = keys[1], a[1], a[2], a[3]
-  local n = 0
-  for i = 4, #a do
-    if redis.call('HGET', p .. 'o:' .. g, a[i]) == owner then
-      redis.call('ZADD', p .. 'f:' .. g, 'XX', deadline, a[i])
-      n = n + 1
-    end
+  local p, g, owner = keys[1], a[1], a[2]
+  local ids = {}
+  for i = 3, #a, 2 do ids[#ids + 1] = a[i] end
+  if #ids == 0 then return 0 end
+  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local fs = {}
+  for i, id in ipairs(ids) do
+    if holders[i] == owner then fs[#fs + 1] = a[2 * i + 2]; fs[#fs + 1] = id end
   end
-  return n
+  bulk('ZADD', p .. 'f:' .. g, fs)
+  return #fs / 2
 end)
 
 -- counts: group... -> per group {ready, deferred, claimed, buried, oldest buried as
