@@ -75,6 +75,7 @@ class RedisStore(Store):
         # a random name per process: whose claims are whose
         self.owner = f"{int(time.time() * 1000):x}-{id(self):x}"
         self._pending: list[_Op] = []
+        self._notifying: set[str] = set()  # topics with a notification in _pending
         self._recorded = 0  # calls recorded so far, and written
         self._written = 0
         self._lock = trio.Lock()
@@ -206,7 +207,9 @@ class RedisStore(Store):
             self._pending.append(("gw_raise_ids", IDS_KEY, [last]))
 
     def _notify(self, topic: str) -> None:
-        if self.shares:
+        # once per topic per pipeline: the others claim everything ready anyway
+        if self.shares and topic not in self._notifying:
+            self._notifying.add(topic)
             self._pending.append(("publish", NOTIFY, [topic]))
 
     def update(
@@ -305,6 +308,7 @@ class RedisStore(Store):
         """Send what is recorded; `read`: one more call at the end of the same pipeline,
         whose reply is returned (a claim rides with the records before it)."""
         ops, self._pending = self._pending, []
+        self._notifying = set()
         target = self._recorded
         try:
             replies = await self.link.pipeline(ops if read is None else [*ops, read])

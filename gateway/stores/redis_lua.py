@@ -7,7 +7,8 @@ starts with it, so they all hash to the topic's Cluster slot (the hash tag). The
 in docs/storage.md ("Redis"):
 
   m         hash  id -> packed message (body, timestamp, ttr, headers, ...), stored once
-  n         hash  id -> groups still holding the message (refs; the body goes at 0)
+  n         hash  id -> groups still holding the message, when more than one (refs; the
+                  body goes with the last)
   groups    hash  group -> paused (0/1)
   r:<g>     zset  ready, every score 0, member = 8 hex digits of priority + 16 of id, so
                   lexicographic order is (priority, id) and ZRANGEBYLEX pages it
@@ -65,10 +66,14 @@ local function place(p, g, id, prio, state, score)
   end
 end
 
+-- refs: absent means 1 (most messages are in one group: no field to write for them)
 local function release(p, id)
-  if redis.call('HINCRBY', p .. 'n', id, -1) <= 0 then
+  local left = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) - 1
+  if left <= 0 then
     redis.call('HDEL', p .. 'n', id)
     redis.call('HDEL', p .. 'm', id)
+  else
+    redis.call('HSET', p .. 'n', id, left)
   end
 end
 
@@ -107,7 +112,7 @@ redis.register_function('gw_put', function(keys, a)
   for i = 5 + ng, #a, 2 do
     local id = a[i]
     ms[#ms + 1] = id; ms[#ms + 1] = a[i + 1]
-    ns[#ns + 1] = id; ns[#ns + 1] = refs
+    if refs > 1 then ns[#ns + 1] = id; ns[#ns + 1] = refs end
     ss[#ss + 1] = id; ss[#ss + 1] = f
     if due > 0 then
       qs[#qs + 1] = due; qs[#qs + 1] = id
@@ -202,8 +207,12 @@ local function fan_out(p, a)
       redis.call('HSET', s .. g, id, attempts .. ':' .. prio)
       if due then place(p, g, id, prio, 'd', due) else place(p, g, id, prio, 'r', 0) end
     end
-    redis.call('HINCRBY', p .. 'n', id, #a - 1)
-    if #a == 0 then release(p, id) end
+    if #a == 0 then
+      release(p, id)
+    elseif #a > 1 then
+      local refs = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) + #a - 1
+      redis.call('HSET', p .. 'n', id, refs)
+    end
   end
   redis.call('DEL', s, p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
   return #ids
