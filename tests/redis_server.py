@@ -89,10 +89,18 @@ class RedisCluster:
     """Three masters on loopback, joined by `redis-cli --cluster create`."""
 
     def __init__(self, directory: Path, masters: int = 3) -> None:
+        # the bus port is the client port + 10000 unless named: past 55535 that is no port
         self.nodes = [
             RedisServer(
                 directory / f"node{i}",
-                extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                extra=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    str(free_port()),
+                ),
             )
             for i in range(masters)
         ]

@@ -170,14 +170,17 @@ class Claims:
             if t is not None and not t.ephemeral:
                 broker.delete_topic(name, record=False)
         self.known = {name: set(groups) for name, (_, groups) in registry.items()}
-        for t in list(broker.topics.values()):
-            if t.ephemeral:
-                continue
-            stored = [g for g in t.groups.values() if g.shared]
-            counts = await self.store.counts(t.name, ["", *(g.name for g in stored)])
-            backlog, *per_group = counts
+        topics = [t for t in broker.topics.values() if not t.ephemeral]
+        stored = [[g for g in t.groups.values() if g.shared] for t in topics]
+        counts = await self.store.counts(
+            [
+                (t.name, ["", *(g.name for g in groups)])
+                for t, groups in zip(topics, stored, strict=True)
+            ]
+        )
+        for t, groups, (backlog, *per_group) in zip(topics, stored, counts, strict=True):
             t.remote_backlog = backlog[0] + backlog[1]
-            for g, (ready, deferred, _claimed, buried, head) in zip(stored, per_group, strict=True):
+            for g, (ready, deferred, _claimed, buried, head) in zip(groups, per_group, strict=True):
                 g.remote_ready = ready
                 g.remote_deferred = deferred
                 g.remote_buried = buried

@@ -106,9 +106,13 @@ class RedisStore(Store):
         p = topic_key(name)
         topic = StoredTopic(name, paused)
         groups = await client.hgetall(p + "groups")
-        # shared: ready messages are claimed, not loaded; deferred and buried ones stay in
-        # Redis too (every gateway sees the same)
-        size = 0 if self.shares else (window if window > 0 else -1)
+        if self.shares:
+            # ready messages are claimed, not loaded; deferred and buried ones stay in
+            # Redis too (every gateway sees the same; claims.py reads their counts)
+            for raw_group, g_paused in sorted(groups.items()):
+                topic.groups[raw_group.decode()] = StoredGroup(raw_group.decode(), g_paused == b"1")
+            return topic
+        size = window if window > 0 else -1
         if not self.shares:
             backlog = await client.fcall("gw_snapshot", [p], ["", -1])
             topic.backlog = unpack_flat(name, backlog[1])
@@ -394,17 +398,19 @@ class RedisStore(Store):
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
     async def counts(
-        self, topic: str, groups: Sequence[str]
-    ) -> list[tuple[int, int, int, int, Message | None]]:
-        """Shared: (ready, deferred, claimed, buried, the oldest buried message) per group,
-        as Redis has them."""
-        if not groups:
-            return []
-        rows = await self.link.client.fcall("gw_counts", [topic_key(topic)], list(groups))
+        self, topics: Sequence[tuple[str, Sequence[str]]]
+    ) -> list[list[tuple[int, int, int, int, Message | None]]]:
+        """Shared: for each (topic, groups), per group (ready, deferred, claimed, buried,
+        the oldest buried message) as Redis has them; one pipeline for all topics."""
+        ops = [("gw_counts", topic_key(t), list(groups)) for t, groups in topics]
+        replies = await self.link.pipeline(ops)
         out = []
-        for r, d, f, b, head in rows:
-            first = unpack_flat(topic, head)
-            out.append((int(r), int(d), int(f), int(b), first[0] if first else None))
+        for (topic, _), rows in zip(topics, replies, strict=True):
+            per_group = []
+            for r, d, f, b, head in rows:
+                first = unpack_flat(topic, head)
+                per_group.append((int(r), int(d), int(f), int(b), first[0] if first else None))
+            out.append(per_group)
         return out
 
     def kick(self, topic: str, group: str, n: int) -> None:
@@ -414,14 +420,18 @@ class RedisStore(Store):
 
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         """Shared: every topic, its pause, and its groups with theirs."""
-        client = self.link.client
-        topics = await client.hgetall(TOPICS_KEY)
-        out: dict[str, tuple[bool, dict[str, bool]]] = {}
-        for raw, paused in topics.items():
-            name = raw.decode()
-            groups = await client.hgetall(topic_key(name) + "groups")
-            out[name] = (paused == b"1", {g.decode(): v == b"1" for g, v in groups.items()})
-        return out
+        topics = await self.link.client.hgetall(TOPICS_KEY)
+        names = [raw.decode() for raw in topics]
+        replies = await self.link.pipeline(
+            [("hgetall", topic_key(n) + "groups", []) for n in names]
+        )
+        return {
+            name: (
+                topics[name.encode()] == b"1",
+                {g.decode(): v == b"1" for g, v in groups.items()},
+            )
+            for name, groups in zip(names, replies, strict=True)
+        }
 
     @property
     def healthy(self) -> bool:

@@ -118,6 +118,8 @@ class RedisLink:
                     pipe.hsetnx(key, args[0], args[1])
                 elif fn == "hdel":
                     pipe.hdel(key, [args[0]])
+                elif fn == "hgetall":
+                    pipe.hgetall(key)
                 else:
                     pipe.fcall(fn, [key], args)
         return tuple(pipe.results or ())
