@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from enum import IntEnum
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -107,8 +107,7 @@ class Group(MemoryWindow, GroupAdmin):
         self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
         # the memory window of a paging store (window.py); 0: everything in memory
         self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
-        # a shared store (Redis) keeps the queue: this group holds only what it claimed
-        # for its consumers (claims.py); the counts are Redis's, refreshed
+        # a shared store (Redis) keeps the queue, this group only what it claimed (claims.py)
         self.shared = self.journal is not NULL_JOURNAL and topic.broker.claims is not None
         self.remote_ready = self.remote_deferred = self.remote_buried = 0
         self.remote_buried_head: Message | None = None
@@ -287,21 +286,6 @@ class Group(MemoryWindow, GroupAdmin):
         self._deliver(consumer, msg, trio.current_time())
         return msg
 
-    def _unqueue(self, msg_id: int) -> Message | None:
-        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
-        found = self.find(msg_id)
-        if found is None or found[0] == "reserved":
-            return None
-        state, msg = found
-        if state == "buried":
-            del self.buried[msg_id]
-        elif state == "delayed":
-            self.deferred = [e for e in self.deferred if e[1] != msg_id]
-            heapify(self.deferred)
-        else:
-            self.ready.remove(msg)
-        return msg
-
     # -- acknowledgements ------------------------------------------------------
 
     def _owned(self, consumer: Consumer | None, msg_id: int) -> InFlight | Outcome:
@@ -427,20 +411,15 @@ class Group(MemoryWindow, GroupAdmin):
     # `sink`: the consumer's that buried it (none when past max_attempts)
     def _bury(self, msg: Message, priority_was: int | None = None, sink: object = None) -> None:
         msg.deliver_at = 0.0
-        if self.shared:  # buried in Redis, where any gateway sees and kicks it
-            self.bury_count += 1
-            msg.job_stats().buries += 1
+        if self.shared:  # buried in Redis (if still claimed here): any gateway kicks it
             self.remote_buried += 1
-            if self.archive is not None:
-                self.archive.record(events.BURIED, msg, self.name, sink)
-            self.journal.changed(self, msg, buried=True, priority_was=priority_was, expect="f")
-            return
-        self.buried[msg.id] = msg
+        else:
+            self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
         if self.archive is not None:
             self.archive.record(events.BURIED, msg, self.name, sink)
-        self.journal.changed(self, msg, buried=True, priority_was=priority_was)
+        self.journal.changed(self, msg, buried=True, priority_was=priority_was, expect="f")
 
     def _return(
         self, msg: Message, delay: float, now: float, priority_was: int | None = None

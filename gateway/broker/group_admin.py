@@ -57,8 +57,20 @@ class GroupAdmin:
     def _push_ready(self, msg: Message) -> None:  # pragma: no cover - MemoryWindow's
         raise NotImplementedError
 
-    def _unqueue(self, msg_id: int) -> Message | None:  # pragma: no cover - Group's
-        raise NotImplementedError
+    def _unqueue(self, msg_id: int) -> Message | None:
+        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
+        found = self.find(msg_id)
+        if found is None or found[0] == "reserved":
+            return None
+        state, msg = found
+        if state == "buried":
+            del self.buried[msg_id]
+        elif state == "delayed":
+            self.deferred = [e for e in self.deferred if e[1] != msg_id]
+            heapify(self.deferred)
+        else:
+            self.ready.remove(msg)
+        return msg
 
     # -- dead letters ----------------------------------------------------------
 
