@@ -320,3 +320,30 @@ async def test_redis_killed_and_restarted_loses_nothing_acknowledged(tmp_path: P
             assert got - set(bodies) <= {b"lost"}
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://127.0.0.1:notaport/0", "bad host:port '127.0.0.1:notaport'"),
+        ("redis://127.0.0.1:6379/zero", "bad database 'zero'"),
+        ("redis://a:1,b:2/0", "only redis+cluster:// takes a list"),
+        ("redis+cluster://a:1/3", "bad database '3'"),
+        ("redis://127.0.0.1:6379/0?shared=maybe", "bad shared='maybe'"),
+        ("redis://127.0.0.1:6379/0?pool=9", "unknown option 'pool'"),
+    ],
+)
+async def test_a_malformed_redis_url_is_one_config_error(
+    url: str, says: str, tmp_path: Path
+) -> None:
+    done = await trio.run_process(
+        [sys.executable, "-m", "gateway", "serve", "--store", url, "--data-dir", str(tmp_path)],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        cwd=REPO,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.startswith("config error: store: ") and says in err, err
+    assert "Traceback" not in err, err
