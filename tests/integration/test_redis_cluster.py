@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import trio
 
 from tests.integration.test_durability import NSQConsumer, supervised
 from tests.integration.test_redis_scaleout import drain, gateway, mpub, stats, until
 from tests.redis_server import RedisCluster
-
-pytestmark = pytest.mark.clients
 
 TOPICS = ("alpha", "beta", "gamma")  # three hash tags: three slots, spread over the masters
 

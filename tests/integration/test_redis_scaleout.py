@@ -38,8 +38,6 @@ from tests.integration.test_durability import (
 )
 from tests.redis_server import RedisServer
 
-pytestmark = pytest.mark.clients
-
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
