@@ -90,6 +90,14 @@ class RedisStore(Store):
 
     async def open(self, window: int = 0) -> StoredState:
         await self.link.connect()
+        try:
+            return await self._read_state(window)
+        except StoreError:
+            raise
+        except Exception as exc:  # lost between connecting and reading: one line, no trace
+            raise StoreError(f"{self.where}: reading the queues: {exc}") from None
+
+    async def _read_state(self, window: int) -> StoredState:
         client = self.link.client
         hi = int(await client.incrby(IDS_KEY, ID_BLOCK))
         self._block = (hi - ID_BLOCK + 1, hi)
