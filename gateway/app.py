@@ -99,7 +99,8 @@ class Gateway:
     def __post_init__(self) -> None:
         s = self.settings
         if self.store is None:
-            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync)
+            wait = s.store_wait if s.store_wait is not None else float("inf")
+            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync, wait=wait)
         t = s.tls_settings
         self.certificates = (
             Certificates(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None

@@ -36,8 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--store",
         metavar="URL",
-        help="memory:// (nothing survives a restart) or sqlite:///abs/path.db; "
-        "default: the durable store in --data-dir",
+        help="memory:// (nothing survives a restart), sqlite:///abs/path.db, "
+        "redis://[user:pass@]host:port/db or redis+cluster://host:port[,host:port] "
+        "(several gateways share the queues); default: the durable store in --data-dir",
+    )
+    serve.add_argument(
+        "--store-wait",
+        metavar="SECONDS",
+        type=float,
+        help="how long to keep trying to reach a Redis store at start (0: give up at "
+        "once and exit 1; default: keep trying)",
     )
     for name in _LISTENER_FLAGS:
         serve.add_argument(
@@ -59,6 +67,7 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {
         "data_dir": args.data_dir,
         "store": args.store,
+        "store_wait": args.store_wait,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "log_level": args.log_level,

@@ -229,6 +229,8 @@ class Settings(_Section):
     config: str | None = None
     data_dir: str = "./data"
     store: str | None = None
+    # seconds to keep trying to reach a Redis store at start; None: for ever
+    store_wait: float | None = Field(None, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nsq: str = "127.0.0.1:4150"
     http: str = "127.0.0.1:4151"

@@ -22,6 +22,8 @@ command -v beanstalkd >/dev/null 2>&1 || need_apt+=(beanstalkd)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 # promtool checks the Prometheus scrape config and alert rules of deploy/prometheus
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# redis-server is the shared store of the Redis tests (redis-cli builds their Cluster)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.broker.claims import Claims
 from gateway.broker.group import Group
 from gateway.broker.journal import Journal, from_wall
 from gateway.broker.stats import Histogram
@@ -48,7 +49,9 @@ class Broker:
         self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
         self.journal = Journal(store)
-        self.window = memory_window if store.pages else 0
+        # a shared store (Redis): groups claim from it instead of keeping a queue
+        self.claims = Claims(self) if store.shares else None
+        self.window = memory_window if store.pages and not store.shares else 0
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0
@@ -131,6 +134,8 @@ class Broker:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.store.run)
             nursery.start_soon(self._pager)
+            if self.claims is not None:
+                nursery.start_soon(self.claims.run)
             await self._run_timers(task_status)
 
     async def _run_timers(self, task_status: trio.TaskStatus[None]) -> None:
@@ -164,6 +169,9 @@ class Broker:
 
     def burn_id(self) -> None:
         """Use up an id without a message (beanstalkd: a put that ends EXPECTED_CRLF)."""
+        if self.store.allocates_ids:
+            self.last_id = self.store.take_ids(1)
+            return
         self.last_id += 1
         self.journal.ids_used(self.last_id)
 
@@ -185,6 +193,8 @@ class Broker:
                 if group.ephemeral:
                     continue
                 group.return_all_in_flight()
+                if group.shared and group.ready and self.claims is not None:
+                    self.claims.give_back(group, group.ready.clear())
                 ready += len(group.ready) + group.spilled
                 deferred += len(group.deferred)
                 buried += len(group.buried)
@@ -232,7 +242,8 @@ class Broker:
             for i, n in enumerate(counts):
                 total[i] += n
 
-    def delete_topic(self, name: str) -> bool:
+    def delete_topic(self, name: str, *, record: bool = True) -> bool:
+        """`record=False`: deleted by another gateway sharing the store (claims.py)."""
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
@@ -247,7 +258,8 @@ class Broker:
         for group in topic.groups.values():
             group.close()
         topic.groups.clear()
-        topic.journal.topic_dropped(topic)
+        if record:
+            topic.journal.topic_dropped(topic)
         return True
 
     # -- publishing ------------------------------------------------------------
@@ -284,9 +296,13 @@ class Broker:
         t = self.topic(topic, ephemeral=ephemeral, create=create)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
-        first = self.last_id + 1
-        self.last_id += len(bodies)
-        self.journal.ids_used(self.last_id)
+        if self.store.allocates_ids:  # unique across the gateways sharing the store
+            first = self.store.take_ids(len(bodies))
+            self.last_id = first + len(bodies) - 1
+        else:
+            first = self.last_id + 1
+            self.last_id += len(bodies)
+            self.journal.ids_used(self.last_id)
         self.published_count += len(bodies)
         protocol = origin.split(" ", 1)[0] or "other"
         by = self.published_by

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from enum import IntEnum
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -107,6 +107,10 @@ class Group(MemoryWindow, GroupAdmin):
         self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
         # the memory window of a paging store (window.py); 0: everything in memory
         self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
+        # a shared store (Redis) keeps the queue, this group only what it claimed (claims.py)
+        self.shared = self.journal is not NULL_JOURNAL and topic.broker.claims is not None
+        self.remote_ready = self.remote_deferred = self.remote_buried = 0
+        self.remote_buried_head: Message | None = None
         self.spilled = 0
         self.spill_from: Key = NO_KEY
         self._paging = False  # a page-in is under way
@@ -136,6 +140,10 @@ class Group(MemoryWindow, GroupAdmin):
         """New messages (already recorded in the store by the topic). `fresh`: one
         publish, so one priority and one deliver_at, ids ascending."""
         self.message_count += len(messages)
+        if self.shared:  # recorded in the store, which every gateway claims from
+            if self._waiting:
+                self.topic.broker.claims.want(self)
+            return
         if self.window and (self.spilled or len(self.ready) + len(messages) > self.window):
             messages = self._spill(messages)
         if fresh and messages and messages[0].deliver_at == 0.0:
@@ -178,6 +186,9 @@ class Group(MemoryWindow, GroupAdmin):
         self.consumers.remove(consumer)
         if requeue:
             self.return_in_flight(consumer)
+        if self.shared and self.ready and not any(c.attached for c in self.consumers):
+            # claimed for consumers that left: any gateway may have them now
+            self.topic.broker.claims.give_back(self, self.ready.clear())
         if self.ephemeral and not self.consumers:
             self.topic.delete_group(self.name)
 
@@ -211,6 +222,8 @@ class Group(MemoryWindow, GroupAdmin):
         waiting = self._waiting
         ready = self.ready
         if self.paused or not waiting or not ready:
+            if self.shared and waiting and not self.paused:
+                self.topic.broker.claims.want(self)
             return
         now = trio.current_time()
         if self.pause_until:
@@ -227,6 +240,8 @@ class Group(MemoryWindow, GroupAdmin):
             self._deliver(c, ready.pop(), now)
             if len(waiting) > 1:
                 waiting.rotate(-1)
+        if self.shared and waiting:
+            self.topic.broker.claims.want(self)
         if self.spilled:
             self._want_page()
 
@@ -239,7 +254,7 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines.add(deadline, entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
-        self.journal.delivered(self, msg)
+        self.journal.delivered(self, msg, deadline)
         if self.archive is not None:
             self.archive.record(events.DELIVERED, msg, self.name, c.sink)
         self.delivered_count += 1
@@ -269,21 +284,6 @@ class Group(MemoryWindow, GroupAdmin):
             return None
         msg.deliver_at = 0.0
         self._deliver(consumer, msg, trio.current_time())
-        return msg
-
-    def _unqueue(self, msg_id: int) -> Message | None:
-        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
-        found = self.find(msg_id)
-        if found is None or found[0] == "reserved":
-            return None
-        state, msg = found
-        if state == "buried":
-            del self.buried[msg_id]
-        elif state == "delayed":
-            self.deferred = [e for e in self.deferred if e[1] != msg_id]
-            heapify(self.deferred)
-        else:
-            self.ready.remove(msg)
         return msg
 
     # -- acknowledgements ------------------------------------------------------
@@ -387,6 +387,7 @@ class Group(MemoryWindow, GroupAdmin):
         assert isinstance(entry, InFlight)
         now = trio.current_time()
         entry.deadline = min(now + extend, entry.delivered_at + cap)
+        self.journal.touched(self, entry.message, entry.deadline)
         self._deadlines.add(entry.deadline, entry)
         if entry.deadline < self.next_wake:
             self.topic.broker.schedule(self, entry.deadline)
@@ -410,12 +411,15 @@ class Group(MemoryWindow, GroupAdmin):
     # `sink`: the consumer's that buried it (none when past max_attempts)
     def _bury(self, msg: Message, priority_was: int | None = None, sink: object = None) -> None:
         msg.deliver_at = 0.0
-        self.buried[msg.id] = msg
+        if self.shared:  # buried in Redis (if still claimed here): any gateway kicks it
+            self.remote_buried += 1
+        else:
+            self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
         if self.archive is not None:
             self.archive.record(events.BURIED, msg, self.name, sink)
-        self.journal.changed(self, msg, buried=True, priority_was=priority_was)
+        self.journal.changed(self, msg, buried=True, priority_was=priority_was, expect="f")
 
     def _return(
         self, msg: Message, delay: float, now: float, priority_was: int | None = None
@@ -424,6 +428,10 @@ class Group(MemoryWindow, GroupAdmin):
         `priority_was`: the priority last recorded, when a release changed it."""
         if self.max_attempts and msg.attempts >= self.max_attempts:
             self._bury(msg, priority_was)
+            return
+        if self.shared:  # back to Redis, for whichever gateway claims it next
+            msg.deliver_at = now + delay if delay > 0 else 0.0
+            self.journal.changed(self, msg, priority_was=priority_was, expect="f")
             return
         if delay > 0:
             msg.deliver_at = now + delay
@@ -493,4 +501,4 @@ class Group(MemoryWindow, GroupAdmin):
 
     @property
     def depth(self) -> int:
-        return len(self.ready) + self.spilled
+        return len(self.ready) + self.spilled + self.remote_ready

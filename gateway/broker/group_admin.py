@@ -41,6 +41,10 @@ class GroupAdmin:
     next_wake: float
     kick_count: int
     spilled: int
+    shared: bool
+    remote_buried: int
+    remote_deferred: int
+    remote_buried_head: Message | None
     _generation: int
     _deadlines: Deadlines
 
@@ -53,14 +57,37 @@ class GroupAdmin:
     def _push_ready(self, msg: Message) -> None:  # pragma: no cover - MemoryWindow's
         raise NotImplementedError
 
-    def _unqueue(self, msg_id: int) -> Message | None:  # pragma: no cover - Group's
-        raise NotImplementedError
+    def _unqueue(self, msg_id: int) -> Message | None:
+        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
+        found = self.find(msg_id)
+        if found is None or found[0] == "reserved":
+            return None
+        state, msg = found
+        if state == "buried":
+            del self.buried[msg_id]
+        elif state == "delayed":
+            self.deferred = [e for e in self.deferred if e[1] != msg_id]
+            heapify(self.deferred)
+        else:
+            self.ready.remove(msg)
+        return msg
 
     # -- dead letters ----------------------------------------------------------
 
     def kick(self, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
         deferred ones are made ready now. Returns how many were kicked."""
+        if self.shared:  # Redis keeps them: kicked there, as counted at the last refresh
+            kicked = min(bound, self.remote_buried or self.remote_deferred)
+            if kicked:
+                self.kick_count += kicked
+                if self.remote_buried:
+                    self.remote_buried -= kicked
+                    self.remote_buried_head = None
+                else:
+                    self.remote_deferred -= kicked
+                self.journal.kicked(self, kicked)
+            return kicked
         kicked = 0
         if self.buried:
             while self.buried and kicked < bound:

@@ -72,9 +72,22 @@ class Journal:
         *,
         buried: bool = False,
         priority_was: int | None = None,
+        expect: str = "*",
     ) -> None:
         """Attempts (a delivery), priority (then `priority_was` is the old one), delay or
-        burial of one message changed."""
+        burial of one message changed. `expect` (a shared store): where the message must
+        still be for the change to apply, "f" = claimed by this gateway (claims.py)."""
+        if self.store.shares:
+            self.store.update(
+                group.topic.name,
+                group.name,
+                message,
+                to_wall(message.deliver_at),
+                buried=buried,
+                priority_was=priority_was,
+                expect=expect,  # type: ignore[call-arg]
+            )
+            return
         self.store.update(
             group.topic.name,
             group.name,
@@ -84,10 +97,22 @@ class Journal:
             priority_was=priority_was,
         )
 
-    def delivered(self, group: Group, message: Message) -> None:
+    def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
         # in flight: ready as far as the store knows, with the attempt counted, so that a
-        # crash now brings it back with attempts + 1
+        # crash now brings it back with attempts + 1; a shared store keeps it claimed by
+        # this gateway until `deadline`, when any gateway may take it back
+        if self.store.shares:
+            self.store.claimed(group.topic.name, group.name, message, to_wall(deadline))  # type: ignore[attr-defined]
+            return
         self.store.update(group.topic.name, group.name, message, 0.0)
+
+    def kicked(self, group: Group, n: int) -> None:
+        """A shared store's buried (or deferred) messages: `n` of them ready again."""
+        self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined]
+
+    def touched(self, group: Group, message: Message, deadline: float) -> None:
+        if self.store.shares:
+            self.store.touched(group.topic.name, group.name, message, to_wall(deadline))  # type: ignore[attr-defined]
 
     def removed(self, group: Group, messages: Iterable[Message]) -> None:
         self.store.remove(group.topic.name, group.name, messages)
@@ -146,10 +171,14 @@ class _NullJournal(Journal):
         *,
         buried: bool = False,
         priority_was: int | None = None,
+        expect: str = "*",
     ) -> None:
         pass
 
-    def delivered(self, group: Group, message: Message) -> None:
+    def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
+        pass
+
+    def touched(self, group: Group, message: Message, deadline: float) -> None:
         pass
 
     def removed(self, group: Group, messages: Iterable[Message]) -> None:

@@ -146,7 +146,7 @@ def _name(item: Topic | Group) -> str:
 
 
 def ready_count(g: Group) -> int:
-    return len(g.ready) + g.spilled
+    return len(g.ready) + g.spilled + g.remote_ready
 
 
 def spilled_count(g: Group) -> int:
@@ -154,7 +154,7 @@ def spilled_count(g: Group) -> int:
 
 
 def delayed_count(g: Group) -> int:
-    return len(g.deferred)
+    return len(g.deferred) + g.remote_deferred
 
 
 def reserved_count(g: Group) -> int:
@@ -162,7 +162,7 @@ def reserved_count(g: Group) -> int:
 
 
 def buried_count(g: Group) -> int:
-    return len(g.buried)
+    return len(g.buried) + g.remote_buried
 
 
 def urgent_count(g: Group) -> int:
@@ -171,12 +171,21 @@ def urgent_count(g: Group) -> int:
 
 def holds_messages(g: Group) -> bool:
     """True while the group keeps any message, in whatever state."""
-    return bool(g.ready or g.spilled or g.deferred or g.buried or g.in_flight)
+    return bool(
+        g.ready
+        or g.spilled
+        or g.deferred
+        or g.buried
+        or g.in_flight
+        or g.remote_ready
+        or g.remote_deferred
+        or g.remote_buried
+    )
 
 
 def backlog_depth(t: Topic) -> int:
     """Messages waiting in the topic backlog, due or not (nsqd's topic depth)."""
-    return len(t.backlog)
+    return len(t.backlog) + t.remote_backlog
 
 
 def counts(view: View, now: float | None = None) -> Counts:
@@ -251,6 +260,8 @@ def peek_buried(view: View) -> Message | None:
     """The oldest buried message (the one a kick takes first); a backlog buries none."""
     if isinstance(view, Group) and view.buried:
         return next(iter(view.buried.values()))
+    if isinstance(view, Group) and view.remote_buried_head is not None:
+        return view.remote_buried_head  # a shared store's, as last refreshed
     return None
 
 

@@ -28,6 +28,10 @@ class Topic:
         self.message_bytes = 0
         self.published_by: dict[str, int] = {}  # publisher protocol -> messages
         self.journal = NULL_JOURNAL if ephemeral else broker.journal
+        # a shared store (Redis) decides which groups a publish goes to, atomically, and
+        # keeps the backlog; its depth there, as last refreshed (claims.py)
+        self.shared = not ephemeral and broker.claims is not None
+        self.remote_backlog = 0
         # this topic's archive recorder; None when archiving is off or leaves it out
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None
@@ -38,6 +42,15 @@ class Topic:
             self.archive.published(messages)
         self.message_count += len(messages)
         self.message_bytes += sum([len(m.body) for m in messages])
+        if self.shared:
+            self.journal.put(self, (), messages)
+            local = [g for g in self.groups.values() if g.ephemeral]
+            if local and not self.paused:
+                self._fan_out(local, messages, fresh=True)
+            for g in self.groups.values():
+                if not g.ephemeral:
+                    g.put(messages, fresh=True)  # counts, and claims if consumers wait
+            return
         if self.paused or not self.groups:
             self.backlog.extend(messages)
             self.journal.put(self, (), messages)
@@ -118,4 +131,4 @@ class Topic:
 
     @property
     def depth(self) -> int:
-        return len(self.backlog)
+        return len(self.backlog) + self.remote_backlog

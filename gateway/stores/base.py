@@ -82,6 +82,11 @@ class Store(abc.ABC):
     # broker to page in with `load()`; a store without paging returns everything
     pages: ClassVar[bool] = False
     where: str = "memory"  # for log lines: the file or URL
+    # True when several gateways share the queues (Redis): the broker claims ready
+    # messages from the store instead of keeping them (gateway/broker/claims.py)
+    shares: bool = False
+    # True when the store hands out message ids (`take_ids`), unique across gateways
+    allocates_ids: ClassVar[bool] = False
 
     failed: StoreError | None = None  # set while writes fail; cleared when they succeed
 
@@ -159,6 +164,10 @@ class Store(abc.ABC):
         """Return once everything recorded so far is accepted (written to the operating
         system, or fsynced with fsync = "always", for a durable store). Raises StoreError
         when it cannot be written."""
+
+    def take_ids(self, n: int) -> int:
+        """The first of `n` consecutive new ids (a store that `allocates_ids`)."""
+        raise NotImplementedError
 
     def stats(self) -> StoreStats:
         return StoreStats()

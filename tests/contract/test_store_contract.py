@@ -17,7 +17,8 @@ import trio
 
 from gateway.broker import Broker
 from gateway.model import Message
-from gateway.stores import MemoryStore, SQLiteStore, Store, StoredState
+from gateway.stores import MemoryStore, SQLiteStore, Store, StoredState, open_store
+from tests.redis_server import RedisServer
 from tests.unit.test_broker import Collector
 
 Reopen = Callable[[Store], Store]
@@ -33,7 +34,18 @@ def _sqlite(tmp: Path) -> tuple[Store, Reopen]:
     return SQLiteStore(path), lambda store: SQLiteStore(path)
 
 
-STORES: dict[str, StoreFactory] = {"memory": _memory, "sqlite": _sqlite}
+# the Redis server of the session (the `redis_server` fixture sets it per test)
+REDIS: list[RedisServer] = []
+
+
+def _redis(tmp: Path) -> tuple[Store, Reopen]:
+    """One gateway owning a Redis database (shared=no): the broker pages a window in, as
+    over the durable store. The shared mode's own steps: test_redis_claims.py."""
+    url = REDIS[0].url + "?shared=no"
+    return open_store(url, tmp), lambda store: open_store(url, tmp)
+
+
+STORES: dict[str, StoreFactory] = {"memory": _memory, "sqlite": _sqlite, "redis": _redis}
 
 
 class Pair:
@@ -74,6 +86,10 @@ class Pair:
 
 @pytest.fixture(params=sorted(STORES))
 async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Pair]:
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        server.cli("FLUSHALL")
+        REDIS[:] = [server]
     store, reopen = STORES[request.param](tmp_path)
     state = await store.open()
     assert state.topics == {} and state.last_id == 0

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from gateway.stores import check_store_url
 from tests.deploy.support import DEPLOY, ROOT
 
 COMPOSE = DEPLOY / "compose.yaml"
@@ -44,14 +45,13 @@ def test_each_gateway_keeps_its_data_on_its_own_volume() -> None:
     assert len(set(volumes)) == 2 and set(volumes) <= doc["volumes"].keys()
 
 
-def test_the_redis_store_is_named_but_left_for_when_it_lands() -> None:
-    # This build refuses redis:// (--store accepts memory:// only): the URL is there, as a
-    # comment, and nothing passes it to the gateway yet.
-    text = COMPOSE.read_text()
-    assert "redis://redis:6379/0" in text
-    for service in _gateways(_compose()["services"]).values():
-        assert "GATEWAY_STORE" not in service.get("environment", {})
-        assert "--store" not in service.get("command", [])
+def test_both_gateways_share_one_redis_database() -> None:
+    doc = _compose()
+    stores = {s["environment"]["GATEWAY_STORE"] for s in _gateways(doc["services"]).values()}
+    assert stores == {"redis://redis:6379/0"}
+    check_store_url(stores.pop())
+    redis = doc["services"]["redis"]["command"]
+    assert redis[redis.index("--appendfsync") + 1] == "always"
 
 
 def test_prometheus_scrapes_both_gateways_with_the_rules_mounted() -> None:

@@ -110,7 +110,9 @@ class BeanstalkServer:
         if tube == DEFAULT_TUBE or self.using[tube] or self.watching[tube]:
             return
         topic = query.topic(self.broker, tube)
-        if topic is None:
+        if topic is None or topic.shared:
+            # a shared store's tube (Redis) may be used by another gateway's workers, and
+            # jobs may reach it from there at any moment: it stays
             return
         group = query.group(topic, self.group_name)
         if group is not None:

@@ -1,0 +1,188 @@
+"""Claiming from a shared store (Redis): several gateways serve one queue.
+
+With a store that `shares`, Redis is the authority for every stored group: a group keeps
+no ready queue of its own. When its consumers have room, the claimer takes up to that
+many of the most urgent ready messages from Redis in one atomic step (they are then
+claimed by this gateway, with a deadline), puts them in the group's ready queue and lets
+the group dispatch them as usual. A delivery moves the claim's deadline to the consumer's
+(msg_timeout, TTR, TOUCH); a finish removes the message; a requeue, timeout or bury gives
+it back to Redis, where any gateway may claim it. Claims whose deadline passes (a gateway
+that died) are made ready again by the next claim of any gateway, attempts counted.
+
+A gateway learns that there is something to claim from the publishes it makes itself,
+from Redis pub/sub notifications of the others' (so an idle consumer on B gets a message
+published on A within a round trip), and, for deferred messages and expiring claims, from
+the next due time each claim returns. The registry (topics, groups, pause) and the
+shared counts are refreshed every `REFRESH` seconds, so /stats and /lookup show the same
+queues and depths on every gateway.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.stores.base import StoreError
+
+if TYPE_CHECKING:
+    from gateway.broker.broker import Broker
+    from gateway.broker.group import Group
+
+log = logging.getLogger("gateway.broker")
+
+CLAIM_LEASE = 60.0  # seconds, for consumers that name no timeout
+CLAIM_BATCH = 512  # at most this many messages per claim (one round trip)
+REFRESH = 1.0  # seconds between registry and count refreshes; also the idle re-check
+_RETRY = 0.5
+
+
+class Claims:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store: Any = broker.store
+        self._wanted: dict[Group, None] = {}
+        self._event = trio.Event()
+        self._wake_at = math.inf  # broker clock: the earliest due time a claim reported
+        self.known: dict[str, set[str]] = {}  # the registry as last read
+        self.store.on_notify = self.notified
+
+    # -- asking for claims -----------------------------------------------------
+
+    def want(self, group: Group) -> None:
+        """A group's consumers may have room: claim for it soon."""
+        if group not in self._wanted:
+            self._wanted[group] = None
+            self._event.set()
+
+    def notified(self, topic: str) -> None:
+        """Another gateway (or this one) made messages of `topic` ready."""
+        t = self.broker.topics.get(topic)
+        if t is None:
+            return
+        for group in t.groups.values():
+            if group.consumers and not group.ephemeral:
+                self.want(group)
+
+    @staticmethod
+    def room(group: Group) -> int:
+        free = 0
+        for c in group.consumers:
+            if c.attached and c.ready > c.in_flight:
+                free += c.ready - c.in_flight
+        return free - len(group.ready)
+
+    # -- the claimer -----------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._refresher)
+            await self._claimer()
+
+    async def _claimer(self) -> None:
+        while True:
+            with trio.move_on_at(min(self._wake_at, trio.current_time() + REFRESH)):
+                await self._event.wait()
+            self._event = trio.Event()
+            if trio.current_time() >= self._wake_at or not self._wanted:
+                # a due time came, or the idle re-check: every group with room
+                self._wake_at = math.inf
+                for t in list(self.broker.topics.values()):
+                    for g in t.groups.values():
+                        if g.shared and g.consumers:
+                            self._wanted.setdefault(g, None)
+            while self._wanted:
+                group = next(iter(self._wanted))
+                del self._wanted[group]
+                try:
+                    await self._claim(group)
+                except StoreError as exc:
+                    if self.store.failed is None:  # else the store has said so already
+                        log.warning("%s: claiming failed: %s", self.store.where, exc)
+                    await trio.sleep(_RETRY)
+                    self._wanted.setdefault(group, None)
+
+    async def _claim(self, group: Group) -> None:
+        if group.deleted or group.paused or group.topic.paused:
+            return
+        n = min(self.room(group), CLAIM_BATCH)
+        if n <= 0:
+            return
+        # until delivered (at once), a claim lasts as long as a delivery would
+        lease = max((c.timeout for c in group.consumers), default=0.0) or CLAIM_LEASE
+        msgs, due, _expired = await self.store.claim(group.topic.name, group.name, n, lease)
+        if due:
+            at = trio.current_time() + max(due - time.time(), 0.0) + 0.001
+            self._wake_at = min(self._wake_at, at)
+        if not msgs:
+            return
+        if group.deleted:
+            self.give_back(group, msgs)
+            return
+        for m in msgs:
+            group.ready.push(m)
+        group._dispatch()
+        if len(msgs) == n:
+            self.want(group)  # there may be more, and room for them
+
+    def give_back(self, group: Group, msgs: list[Any]) -> None:
+        """Claimed messages not delivered: ready in Redis again, for any gateway."""
+        journal = group.journal
+        for m in msgs:
+            journal.changed(group, m, expect="f")
+
+    # -- the shared registry and counts ----------------------------------------
+
+    async def _refresher(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except StoreError as exc:
+                log.debug("%s: refresh: %s", self.store.where, exc)
+            except Exception as exc:  # a lost connection shows as the store's health
+                log.debug("%s: refresh: %s", self.store.where, exc)
+            await trio.sleep(REFRESH)
+
+    async def refresh(self) -> None:
+        """Make local the topics and groups other gateways created (and drop those they
+        deleted), take their pause state, and read every stored group's counts."""
+        broker = self.broker
+        registry = await self.store.registry()
+        for name, (paused, groups) in registry.items():
+            t = broker.topics.get(name)
+            if t is None:
+                t = broker.topic(name)
+            assert t is not None
+            t.paused = paused
+            for gname, g_paused in groups.items():
+                g = t.groups.get(gname) or t.group(gname)
+                assert g is not None
+                g.paused = g_paused
+            before = self.known.get(name, set())
+            for gone in before - set(groups):
+                if gone in t.groups and not t.groups[gone].ephemeral:
+                    t.groups.pop(gone).close()
+        for name in set(self.known) - set(registry):
+            t = broker.topics.get(name)
+            if t is not None and not t.ephemeral:
+                broker.delete_topic(name, record=False)
+        self.known = {name: set(groups) for name, (_, groups) in registry.items()}
+        topics = [t for t in broker.topics.values() if not t.ephemeral]
+        stored = [[g for g in t.groups.values() if g.shared] for t in topics]
+        counts = await self.store.counts(
+            [
+                (t.name, ["", *(g.name for g in groups)])
+                for t, groups in zip(topics, stored, strict=True)
+            ]
+        )
+        for t, groups, (backlog, *per_group) in zip(topics, stored, counts, strict=True):
+            t.remote_backlog = backlog[0] + backlog[1]
+            for g, (ready, deferred, _claimed, buried, head) in zip(groups, per_group, strict=True):
+                g.remote_ready = ready
+                g.remote_deferred = deferred
+                g.remote_buried = buried
+                g.remote_buried_head = head
+                g.message_count = ready + deferred + len(g.ready)

@@ -1,0 +1,453 @@
+"""The Redis store: the queues live in Redis, so several gateways can share them.
+
+Recording stays synchronous and cheap, as the contract asks: each call appends one
+function call (FCALL of the library in redis_lua.py) to a list, consecutive removes or
+updates of one group merged into one call. `flush()` sends everything recorded so far in
+one pipeline: one round trip however many publishes, finishes and deliveries it carries.
+Whoever flushes while a pipeline is on the wire waits for the next one, which then carries
+everyone's records (group commit, as the durable store does). A background committer sends
+what nobody waits for (finishes, deliveries) within a couple of milliseconds.
+
+Two modes (the URL's `shared=`):
+* shared (the default): Redis is the authority. The broker keeps no ready queue of its own
+  (`shares`); it claims messages for consumers with room (`claim`), deliveries carry a
+  deadline in Redis (`claimed`, `touched`), and any gateway returns expired claims to ready.
+* not shared: one gateway owns the data, exactly like the durable store (the broker pages
+  a bounded window in, `load`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import trio
+
+from gateway.model import Message
+from gateway.stores.base import Key, Store, StoredGroup, StoredState, StoredTopic, StoreError
+from gateway.stores.redis_codec import (
+    IDS_KEY,
+    NOTIFY,
+    TOPICS_KEY,
+    hex_id,
+    pack_all,
+    topic_key,
+    unpack_flat,
+)
+from gateway.stores.redis_link import RedisLink
+from gateway.stores.redis_url import RedisTarget
+
+log = logging.getLogger("gateway.store")
+
+# ids are taken from Redis in blocks (INCRBY), so that handing one out costs nothing and
+# two gateways never hand out the same one; the next block is fetched ahead
+ID_BLOCK = 1 << 16
+# how long a claimed message that is not delivered yet stays claimed (it is delivered at
+# once: this bounds what a gateway that dies between claim and delivery holds back)
+CLAIM_LEASE = 30.0
+_COMMIT_DELAY = 0.002  # records nobody awaits are sent this soon
+_RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+_HEALTH_EVERY = 1.0
+
+# one recorded call: (function, topic prefix, arguments); removes and updates of one group
+# are merged while they are consecutive
+_Op = tuple[str, str, list[Any]]
+_MERGED = frozenset({"gw_remove", "gw_update", "gw_touch"})
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+class RedisStore(Store):
+    durable = True
+    pages = True
+    allocates_ids = True
+
+    def __init__(self, target: RedisTarget, *, wait: float = math.inf) -> None:
+        self.target = target
+        self.shares = target.shared
+        self.where = f"Redis at {target.address}"
+        self.link = RedisLink(target, wait=wait)
+        # a random name per process: whose claims are whose
+        self.owner = f"{int(time.time() * 1000):x}-{id(self):x}"
+        self._pending: list[_Op] = []
+        self._notifying: set[str] = set()  # topics with a notification in _pending
+        self._recorded = 0  # calls recorded so far, and written
+        self._written = 0
+        self._lock = trio.Lock()
+        self._wake = trio.Event()
+        self._block = (1, 0)  # next id, last id of the current block
+        self._next_block: tuple[int, int] | None = None
+        self._block_wanted = trio.Event()
+        self._top_id = 0  # the highest id this store handed out or was told about
+        self.on_notify: Any = None  # shared: called with a topic another gateway fed
+
+    # -- opening ---------------------------------------------------------------
+
+    async def open(self, window: int = 0) -> StoredState:
+        await self.link.connect()
+        try:
+            return await self._read_state(window)
+        except StoreError:
+            raise
+        except Exception as exc:  # lost between connecting and reading: one line, no trace
+            raise StoreError(f"{self.where}: reading the queues: {exc}") from None
+
+    async def _read_state(self, window: int) -> StoredState:
+        client = self.link.client
+        hi = int(await client.incrby(IDS_KEY, ID_BLOCK))
+        self._block = (hi - ID_BLOCK + 1, hi)
+        self._top_id = hi - ID_BLOCK
+        state = StoredState(last_id=hi - ID_BLOCK)
+        registry = await client.hgetall(TOPICS_KEY)
+        for raw_name, paused in sorted(registry.items()):
+            name = raw_name.decode()
+            state.topics[name] = await self._open_topic(name, paused == b"1", window)
+        return state
+
+    async def _open_topic(self, name: str, paused: bool, window: int) -> StoredTopic:
+        client = self.link.client
+        p = topic_key(name)
+        topic = StoredTopic(name, paused)
+        groups = await client.hgetall(p + "groups")
+        if self.shares:
+            # ready messages are claimed, not loaded; deferred and buried ones stay in
+            # Redis too (every gateway sees the same; claims.py reads their counts)
+            for raw_group, g_paused in sorted(groups.items()):
+                topic.groups[raw_group.decode()] = StoredGroup(raw_group.decode(), g_paused == b"1")
+            return topic
+        size = window if window > 0 else -1
+        if not self.shares:
+            backlog = await client.fcall("gw_snapshot", [p], ["", -1])
+            topic.backlog = unpack_flat(name, backlog[1])
+        for raw_group, g_paused in sorted(groups.items()):
+            gname = raw_group.decode()
+            snap = await client.fcall("gw_snapshot", [p], [gname, size])
+            group = StoredGroup(gname, g_paused == b"1")
+            spilled, ready, deferred, buried, _claimed = snap
+            if not self.shares:
+                group.spilled = int(spilled)
+                group.ready = unpack_flat(name, ready)
+                group.ready += unpack_flat(name, deferred, with_due=True)
+                group.buried = unpack_flat(name, buried)
+            topic.groups[gname] = group
+        return topic
+
+    # -- ids -------------------------------------------------------------------
+
+    def take_ids(self, n: int) -> int:
+        """The first of `n` consecutive ids no gateway has handed out (the broker's id
+        allocator when `allocates_ids`). Raises StoreError when no block is at hand."""
+        first, last = self._block
+        if first + n - 1 > last:
+            nxt = self._next_block
+            if nxt is None or nxt[0] + n - 1 > nxt[1]:
+                self._block_wanted.set()
+                raise StoreError(f"{self.where}: no message ids at hand (Redis unreachable?)")
+            first, last = nxt
+            self._next_block = None
+        self._block = (first + n, last)
+        if self._next_block is None and (last - first) < ID_BLOCK // 2:
+            self._block_wanted.set()
+        if first + n - 1 > self._top_id:
+            self._top_id = first + n - 1
+        return first
+
+    async def _fetch_blocks(self) -> None:
+        while True:
+            await self._block_wanted.wait()
+            self._block_wanted = trio.Event()
+            if self._next_block is not None:
+                continue
+            try:
+                hi = int(await self.link.client.incrby(IDS_KEY, ID_BLOCK))
+            except Exception as exc:  # the link reports; try again when asked
+                log.debug("%s: id block: %s", self.where, exc)
+                await trio.sleep(_RETRY_MIN)
+                self._block_wanted.set()
+                continue
+            self._next_block = (hi - ID_BLOCK + 1, hi)
+
+    # -- recording -------------------------------------------------------------
+
+    def _record(self, fn: str, topic: str, args: list[Any]) -> None:
+        p = topic_key(topic)
+        pending = self._pending
+        if fn in _MERGED and pending:
+            last_fn, last_p, last_args = pending[-1]
+            if last_fn == fn and last_p == p and last_args[:2] == args[:2]:
+                last_args.extend(args[2:])
+                self._recorded += 1
+                self._wake.set()
+                return
+        pending.append((fn, p, args))
+        self._recorded += 1
+        self._wake.set()
+
+    def put(
+        self, topic: str, groups: Sequence[str], messages: Sequence[Message], due: float
+    ) -> None:
+        if not messages:
+            return
+        # one publish has one priority; a store caller may mix them: one call per run
+        start = 0
+        for i in range(1, len(messages) + 1):
+            if i == len(messages) or (
+                messages[i].priority != messages[start].priority
+                or messages[i].attempts != messages[start].attempts
+            ):
+                run = messages[start:i]
+                first = run[0]
+                # shared: Redis resolves the groups (-1), atomically with the put
+                where = [-1] if self.shares else [len(groups), *groups]
+                self._record(
+                    "gw_put",
+                    topic,
+                    [_ms(due), first.attempts, first.priority, *where, *pack_all(run)],
+                )
+                start = i
+        if due <= 0.0:
+            self._notify(topic)
+        last = messages[-1].id
+        if last > self._top_id:
+            # ids this store did not hand out (a caller numbering its own): never below them
+            self._top_id = last
+            self._pending.append(("gw_raise_ids", IDS_KEY, [last]))
+
+    def _notify(self, topic: str) -> None:
+        # once per topic per pipeline: the others claim everything ready anyway
+        if self.shares and topic not in self._notifying:
+            self._notifying.add(topic)
+            self._pending.append(("publish", NOTIFY, [topic]))
+
+    def update(
+        self,
+        topic: str,
+        group: str,
+        message: Message,
+        due: float = 0.0,
+        *,
+        buried: bool = False,
+        priority_was: int | None = None,
+        expect: str = "*",
+    ) -> None:
+        state = "b" if buried else ("d" if due > 0.0 else "r")
+        self._record(
+            "gw_update",
+            topic,
+            [
+                group,
+                self.owner,
+                hex_id(message.id),
+                message.attempts,
+                message.priority,
+                state,
+                _ms(due),
+                expect,
+            ],
+        )
+        if state == "r" and self.shares:
+            self._notify(topic)
+
+    def claimed(self, topic: str, group: str, message: Message, deadline: float) -> None:
+        """Shared: a claimed message was delivered; it stays claimed until `deadline`
+        (wall clock). Its attempt was counted by the claim."""
+        self._record("gw_touch", topic, [group, self.owner, hex_id(message.id), _ms(deadline)])
+
+    def touched(self, topic: str, group: str, message: Message, deadline: float) -> None:
+        self._record("gw_touch", topic, [group, self.owner, hex_id(message.id), _ms(deadline)])
+
+    def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
+        ids = [hex_id(m.id) for m in messages]
+        if ids:
+            self._record("gw_remove", topic, [group or "", "", *ids])
+
+    def add_topic(self, topic: str) -> None:
+        self._pending.append(("hsetnx", TOPICS_KEY, [topic, 0]))
+        self._recorded += 1
+
+    def add_group(self, topic: str, group: str) -> None:
+        self._record("gw_add_group", topic, [group, 1 if self.shares else 0])
+
+    def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
+        self._record("gw_fan_out", topic, list(groups))
+        self._notify(topic)
+
+    def drop_group(self, topic: str, group: str) -> None:
+        self._record("gw_drop_group", topic, [group])
+
+    def drop_topic(self, topic: str) -> None:
+        self._record("gw_drop_topic", topic, [])
+        self._pending.append(("hdel", TOPICS_KEY, [topic]))
+
+    def clear(self, topic: str, group: str | None) -> None:
+        self._record("gw_clear", topic, [group or ""])
+
+    def set_paused(self, topic: str, group: str | None, paused: bool) -> None:
+        flag = 1 if paused else 0
+        if group is None:
+            self._pending.append(("hset", TOPICS_KEY, [topic, flag]))
+            if self.shares:
+                self._pending.append(("gw_topic_paused", topic_key(topic), [flag]))
+        else:
+            self._pending.append(("hset", topic_key(topic) + "groups", [group, flag]))
+        self._recorded += 1
+        if not paused:
+            self._notify(topic)
+
+    def reserve_ids(self, ceiling: int) -> None:
+        if ceiling > self._top_id:
+            self._top_id = ceiling
+            self._pending.append(("gw_raise_ids", IDS_KEY, [ceiling]))
+            self._recorded += 1
+
+    # -- writing ---------------------------------------------------------------
+
+    async def flush(self) -> None:
+        mine = self._recorded
+        if self._written >= mine and self.failed is None:
+            return
+        async with self._lock:
+            if self._written >= mine:
+                return
+            await self._write()
+
+    async def _write(self, read: _Op | None = None) -> Any:
+        """Send what is recorded; `read`: one more call at the end of the same pipeline,
+        whose reply is returned (a claim rides with the records before it)."""
+        ops, self._pending = self._pending, []
+        self._notifying = set()
+        target = self._recorded
+        try:
+            replies = await self.link.pipeline(ops if read is None else [*ops, read])
+        except StoreError as exc:
+            self._pending[:0] = ops  # kept, in order, for the retry
+            if self.failed is None:
+                log.error("%s: writes fail, publishes are refused: %s", self.where, exc)
+            self.failed = exc
+            raise
+        if self.failed is not None:
+            log.warning("%s: writes succeed again", self.where)
+            self.failed = None
+        self._written = target
+        return replies[-1] if read is not None else None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fetch_blocks)
+            if self.shares:
+                nursery.start_soon(self.link.listen, NOTIFY, self._notified)
+            nursery.start_soon(self._watch)
+            task_status.started()
+            await self._commit_loop()
+
+    async def _watch(self) -> None:
+        """Redis lost while nothing is written: publishes are refused and /ready says 503
+        from the first failed ping until one succeeds (the client reconnects by itself)."""
+        while True:
+            await trio.sleep(_HEALTH_EVERY)
+            if await self.link.ping():
+                if self.failed is not None and not self._pending:
+                    log.warning("%s: reachable again", self.where)
+                    self.failed = None
+                elif self._pending:
+                    self._wake.set()
+            elif self.failed is None:
+                self.failed = StoreError(f"{self.where}: not answering")
+                log.error("%s: not answering; publishes are refused until it is back", self.where)
+
+    def _notified(self, topic: bytes) -> None:
+        if self.on_notify is not None:
+            self.on_notify(topic.decode())
+
+    async def _commit_loop(self) -> None:
+        backoff = _RETRY_MIN
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await trio.sleep(_COMMIT_DELAY)
+            while self._pending:
+                try:
+                    async with self._lock:
+                        if self._pending:
+                            await self._write()
+                    backoff = _RETRY_MIN
+                except StoreError:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _RETRY_MAX)
+
+    # -- reading ---------------------------------------------------------------
+
+    async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
+        await self.flush()
+        start = f"{after[0]:08x}{after[1]:016x}" if after[0] >= 0 else "0"
+        try:
+            flat = await self.link.client.fcall(
+                "gw_load", [topic_key(topic)], [group, start, limit]
+            )
+        except Exception as exc:
+            raise StoreError(f"{self.where}: {exc}") from exc
+        return unpack_flat(topic, flat)
+
+    async def claim(
+        self, topic: str, group: str, n: int, lease: float = CLAIM_LEASE
+    ) -> tuple[list[Message], float, int]:
+        """Shared: claim up to `n` ready messages of a group, most urgent first (due
+        deferred messages and expired claims are made ready first). Returns them, the
+        wall-clock time something else becomes due (0: nothing), and how many claims
+        had expired."""
+        op = ("gw_claim", topic_key(topic), [group, n, _ms(time.time()), _ms(lease), self.owner])
+        async with self._lock:  # after everything recorded before, in one round trip
+            nxt, expired, flat = await self._write(op)
+        return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
+
+    async def counts(
+        self, topics: Sequence[tuple[str, Sequence[str]]]
+    ) -> list[list[tuple[int, int, int, int, Message | None]]]:
+        """Shared: for each (topic, groups), per group (ready, deferred, claimed, buried,
+        the oldest buried message) as Redis has them; one pipeline for all topics."""
+        ops = [("gw_counts", topic_key(t), list(groups)) for t, groups in topics]
+        replies = await self.link.pipeline(ops)
+        out = []
+        for (topic, _), rows in zip(topics, replies, strict=True):
+            per_group = []
+            for r, d, f, b, head in rows:
+                first = unpack_flat(topic, head)
+                per_group.append((int(r), int(d), int(f), int(b), first[0] if first else None))
+            out.append(per_group)
+        return out
+
+    def kick(self, topic: str, group: str, n: int) -> None:
+        """Shared: up to `n` buried (or, none buried, deferred) messages ready again."""
+        self._record("gw_kick", topic, [group, n])
+        self._notify(topic)
+
+    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
+        """Shared: every topic, its pause, and its groups with theirs."""
+        topics = await self.link.client.hgetall(TOPICS_KEY)
+        names = [raw.decode() for raw in topics]
+        replies = await self.link.pipeline(
+            [("hgetall", topic_key(n) + "groups", []) for n in names]
+        )
+        return {
+            name: (
+                topics[name.encode()] == b"1",
+                {g.decode(): v == b"1" for g, v in groups.items()},
+            )
+            for name, groups in zip(names, replies, strict=True)
+        }
+
+    @property
+    def healthy(self) -> bool:
+        return self.failed is None and self.link.up
+
+    async def close(self) -> None:
+        try:
+            with trio.move_on_after(5):
+                await self.flush()
+        finally:
+            await self.link.close()

@@ -1,0 +1,162 @@
+"""The Redis store's connection: connect with back-off, load the function library, send
+recorded calls as one pipeline, listen for notifications, and say whether Redis is up.
+
+coredis clients are async context managers whose connection pool runs its own task group;
+the store is opened and closed from whichever task the gateway (or a test) uses, so the
+client lives in a system task of its own for as long as the store is open.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from gateway.stores.base import StoreError
+from gateway.stores.redis_lua import LIBRARY
+from gateway.stores.redis_url import RedisTarget
+
+log = logging.getLogger("gateway.store")
+# coredis logs every retry of a command at INFO: the store says what matters itself
+logging.getLogger("coredis").setLevel(logging.WARNING)
+
+_BACKOFF_MIN, _BACKOFF_MAX = 0.25, 5.0
+
+
+class RedisLink:
+    def __init__(self, target: RedisTarget, *, wait: float = math.inf) -> None:
+        self.target = target
+        self.where = f"Redis at {target.address}"
+        self.wait = wait  # seconds to keep trying at start (--store-wait); inf: for ever
+        self.client: Any = None
+        self.up = False
+        self._closed = trio.Event()
+        self._done = trio.Event()
+        self._started = False
+
+    async def connect(self) -> None:
+        """Connect and load the library, retrying with back-off for `wait` seconds; raises
+        StoreError naming Redis and its address when it cannot."""
+        if self.client is not None:
+            return
+        ready = trio.Event()
+        failure: list[BaseException] = []
+
+        async def host() -> None:
+            try:
+                client = self.target.client()
+                async with client:
+                    self.client = client
+                    ready.set()
+                    await self._closed.wait()
+            except BaseException as exc:  # a system task must not raise
+                failure.append(exc)
+                ready.set()
+            finally:
+                self.client = None
+                self._done.set()
+
+        self._started = True
+        trio.lowlevel.spawn_system_task(host)
+        await ready.wait()
+        if failure:
+            raise StoreError(f"{self.where}: {failure[0]}")
+        deadline = trio.current_time() + self.wait
+        backoff = _BACKOFF_MIN
+        while True:
+            try:
+                await self.load_library()
+                self.up = True
+                return
+            except Exception as exc:
+                left = deadline - trio.current_time()
+                if left <= 0:
+                    await self.close()
+                    raise StoreError(f"{self.where}: cannot connect: {_what(exc)}") from None
+                log.error(
+                    "%s: cannot connect: %s; retrying in %.2g s", self.where, _what(exc), backoff
+                )
+                await trio.sleep(min(backoff, left))
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    async def load_library(self) -> None:
+        with trio.fail_after(10):
+            await self.client.function_load(LIBRARY, replace=True)
+
+    async def pipeline(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
+        """Send recorded calls in one pipeline, in order; their replies. Raises StoreError."""
+        if not ops:
+            return ()
+        for attempt in (1, 2):
+            try:
+                replies = await self._send(ops)
+                self.up = True
+                return replies
+            except Exception as exc:
+                if attempt == 1 and "function not found" in str(exc).lower():
+                    # Redis restarted without its data (or FUNCTION FLUSH): load it again
+                    await self.load_library()
+                    continue
+                self.up = False
+                raise StoreError(f"{self.where}: {_what(exc)}") from None
+        raise AssertionError("unreachable")
+
+    async def _send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
+        client = self.client
+        if client is None:
+            raise ConnectionError("not connected")
+        async with client.pipeline(transaction=False) as pipe:
+            for fn, key, args in ops:
+                if fn == "publish":
+                    pipe.publish(key, args[0])
+                elif fn == "hset":
+                    pipe.hset(key, {args[0]: args[1]})
+                elif fn == "hsetnx":
+                    pipe.hsetnx(key, args[0], args[1])
+                elif fn == "hdel":
+                    pipe.hdel(key, [args[0]])
+                elif fn == "hgetall":
+                    pipe.hgetall(key)
+                else:
+                    pipe.fcall(fn, [key], args)
+        return tuple(pipe.results or ())
+
+    async def listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
+        """Call `on_message` with every message on `channel`; resubscribes after a loss."""
+        while True:
+            client = self.client
+            if client is None:
+                return
+            try:
+                async with client.pubsub(channels=[channel], ignore_subscribe_messages=True) as ps:
+                    async for m in ps:
+                        if m["type"] == "message":
+                            on_message(m["data"])
+            except Exception as exc:
+                log.debug("%s: notifications: %s", self.where, exc)
+                await trio.sleep(_BACKOFF_MIN)
+
+    async def ping(self) -> bool:
+        try:
+            with trio.move_on_after(2):
+                await self.client.ping()
+                self.up = True
+                return True
+        except Exception:
+            pass
+        self.up = False
+        return False
+
+    async def close(self) -> None:
+        self._closed.set()
+        if self._started:
+            with trio.move_on_after(5):
+                await self._done.wait()
+
+
+def _what(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,424 @@
+"""The Redis store's server-side steps: one function library, loaded once per connection
+pool with FUNCTION LOAD REPLACE, called with FCALL (pipelined, so no per-call round trip
+and no SCRIPT EXISTS check).
+
+Every function takes one key, the topic's prefix `gw:{topic}:`: every key it touches
+starts with it, so they all hash to the topic's Cluster slot (the hash tag). The layout is
+in docs/storage.md ("Redis"):
+
+  m         hash  id -> packed message (body, timestamp, ttr, headers, ...), stored once
+  n         hash  id -> groups still holding the message, when more than one (refs; the
+                  body goes with the last)
+  groups    hash  group -> paused (0/1)
+  r:<g>     zset  ready, every score 0, member = 8 hex digits of priority + 16 of id, so
+                  lexicographic order is (priority, id) and ZRANGEBYLEX pages it
+  d:<g>     zset  deferred: score = due (ms since the epoch), member = id
+  f:<g>     zset  claimed (in flight on some gateway): score = deadline (ms), member = id
+  o:<g>     hash  id -> the claiming gateway
+  b:<g>     zset  buried: score = burial order, member = id
+  s:<g>     hash  id -> "attempts:priority" (the per-group fields)
+The group "" is the topic's backlog (published before any group existed).
+
+Ids are 16 lowercase hex digits everywhere (as NSQ shows them).
+"""
+
+from __future__ import annotations
+
+LIBRARY_NAME = "gateway_v1"
+
+LIBRARY = r"""#!lua name=gateway_v1
+
+local function fields(s, g, id)
+  local v = redis.call('HGET', s .. g, id)
+  if not v then return nil end
+  local c = string.find(v, ':', 1, true)
+  return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
+end
+
+local function rkey(prio, id) return string.format('%08x', prio) .. id end
+
+-- one command over many arguments, in slices that fit Lua's stack
+local function bulk(cmd, key, items)
+  local n = #items
+  local i = 1
+  while i <= n do
+    local j = math.min(i + 3999, n)
+    redis.call(cmd, key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+
+-- take a message out of whatever state it is in within one group (not its fields)
+local function unplace(p, g, id, prio)
+  redis.call('ZREM', p .. 'r:' .. g, rkey(prio, id))
+  redis.call('ZREM', p .. 'd:' .. g, id)
+  redis.call('ZREM', p .. 'b:' .. g, id)
+  if redis.call('ZREM', p .. 'f:' .. g, id) == 1 then redis.call('HDEL', p .. 'o:' .. g, id) end
+end
+
+local function place(p, g, id, prio, state, score)
+  if state == 'r' then
+    redis.call('ZADD', p .. 'r:' .. g, 0, rkey(prio, id))
+  elseif state == 'b' then
+    redis.call('ZADD', p .. 'b:' .. g, redis.call('HINCRBY', p .. 'seq', 'b', 1), id)
+  else
+    redis.call('ZADD', p .. state .. ':' .. g, score, id)
+  end
+end
+
+-- refs: absent means 1 (most messages are in one group: no field to write for them)
+local function release(p, id)
+  local left = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) - 1
+  if left <= 0 then
+    redis.call('HDEL', p .. 'n', id)
+    redis.call('HDEL', p .. 'm', id)
+  else
+    redis.call('HSET', p .. 'n', id, left)
+  end
+end
+
+local function drop_all(p, g)
+  local s = p .. 's:' .. g
+  local ids = redis.call('HKEYS', s)
+  for _, id in ipairs(ids) do release(p, id) end
+  redis.call('DEL', s, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g, p .. 'f:' .. g,
+             p .. 'o:' .. g)
+end
+
+-- the groups a publish goes to as Redis has them (shared): none while the topic is
+-- paused or has no group, then the backlog '' keeps it
+local function current_groups(p)
+  if redis.call('HGET', p .. 'meta', 'paused') == '1' then return {} end
+  return redis.call('HKEYS', p .. 'groups')
+end
+
+-- put: due_ms attempts prio ngroups g... then id packed pairs; ngroups -1: every group the
+-- topic has in Redis now (several gateways publish; none has to know the others' groups).
+-- A handful of bulk commands per call, whatever the number of messages.
+redis.register_function('gw_put', function(keys, a)
+  local p = keys[1]
+  local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
+  local groups = {}
+  if ng < 0 then
+    groups = current_groups(p)
+    ng = 0
+  else
+    for i = 1, ng do groups[i] = a[4 + i] end
+  end
+  if #groups == 0 then groups[1] = '' end
+  local refs = #groups
+  local f = attempts .. ':' .. prio
+  local ms, ns, ss, qs = {}, {}, {}, {}
+  for i = 5 + ng, #a, 2 do
+    local id = a[i]
+    ms[#ms + 1] = id; ms[#ms + 1] = a[i + 1]
+    if refs > 1 then ns[#ns + 1] = id; ns[#ns + 1] = refs end
+    ss[#ss + 1] = id; ss[#ss + 1] = f
+    if due > 0 then
+      qs[#qs + 1] = due; qs[#qs + 1] = id
+    else
+      qs[#qs + 1] = 0; qs[#qs + 1] = rkey(prio, id)
+    end
+  end
+  bulk('HSET', p .. 'm', ms)
+  bulk('HSET', p .. 'n', ns)
+  for _, g in ipairs(groups) do
+    bulk('HSET', p .. 's:' .. g, ss)
+    bulk('ZADD', p .. (due > 0 and 'd:' or 'r:') .. g, qs)
+  end
+  return refs
+end)
+
+-- update: group owner then (id attempts prio state score expect) x n
+-- state r(eady) d(eferred, score = due) b(uried) f(claimed, score = deadline);
+-- expect: where the message must be for the change to apply: f (in flight and claimed by
+-- `owner`), b, d, r, or * (anywhere). A change that finds the message elsewhere (finished,
+-- claimed or kicked by another gateway since) is skipped.
+redis.register_function('gw_update', function(keys, a)
+  local p, g, owner = keys[1], a[1], a[2]
+  local applied = 0
+  for i = 3, #a, 6 do
+    local id, attempts, prio, state, score, expect =
+      a[i], a[i + 1], tonumber(a[i + 2]), a[i + 3], tonumber(a[i + 4]), a[i + 5]
+    local _, was = fields(p .. 's:', g, id)
+    local ok = was ~= nil
+    if ok and expect ~= '*' then
+      if expect == 'f' then
+        ok = redis.call('HGET', p .. 'o:' .. g, id) == owner
+      elseif expect == 'r' then
+        ok = redis.call('ZSCORE', p .. 'r:' .. g, rkey(was, id)) ~= false
+      else
+        ok = redis.call('ZSCORE', p .. expect .. ':' .. g, id) ~= false
+      end
+    end
+    if ok then
+      unplace(p, g, id, was)
+      redis.call('HSET', p .. 's:' .. g, id, attempts .. ':' .. prio)
+      place(p, g, id, prio, state, score)
+      if state == 'f' then redis.call('HSET', p .. 'o:' .. g, id, owner) end
+      applied = applied + 1
+    end
+  end
+  return applied
+end)
+
+-- remove: group owner id... (acknowledged or deleted); owner '' removes whoever holds it.
+-- Bulk commands per call, however many ids (a session's batch of FINs is one call).
+redis.register_function('gw_remove', function(keys, a)
+  local p, g, owner = keys[1], a[1], a[2]
+  local ids = {}
+  for i = 3, #a do ids[#ids + 1] = a[i] end
+  if #ids == 0 then return 0 end
+  local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
+  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local gone, members = {}, {}
+  for i, id in ipairs(ids) do
+    local v, holder = svals[i], holders[i]
+    if v and (owner == '' or not holder or holder == owner) then
+      gone[#gone + 1] = id
+      members[#members + 1] = rkey(tonumber(string.sub(v, string.find(v, ':', 1, true) + 1)), id)
+    end
+  end
+  if #gone == 0 then return 0 end
+  bulk('ZREM', p .. 'r:' .. g, members)
+  for _, k in ipairs({'d:', 'b:', 'f:'}) do bulk('ZREM', p .. k .. g, gone) end
+  bulk('HDEL', p .. 'o:' .. g, gone)
+  bulk('HDEL', p .. 's:' .. g, gone)
+  local refs = redis.call('HMGET', p .. 'n', unpack(gone))
+  local drop, keep = {}, {}
+  for i, id in ipairs(gone) do
+    local left = (tonumber(refs[i]) or 1) - 1
+    if left <= 0 then drop[#drop + 1] = id else keep[#keep + 1] = id; keep[#keep + 1] = left end
+  end
+  bulk('HDEL', p .. 'n', drop)
+  bulk('HDEL', p .. 'm', drop)
+  bulk('HSET', p .. 'n', keep)
+  return #gone
+end)
+
+-- fan_out: group... (the backlog goes to every one of them)
+local function fan_out(p, a)
+  local s = p .. 's:'
+  local ids = redis.call('HKEYS', s)
+  for _, id in ipairs(ids) do
+    local attempts, prio = fields(s, '', id)
+    local due = redis.call('ZSCORE', p .. 'd:', id)
+    for _, g in ipairs(a) do
+      redis.call('HSET', s .. g, id, attempts .. ':' .. prio)
+      if due then place(p, g, id, prio, 'd', due) else place(p, g, id, prio, 'r', 0) end
+    end
+    if #a == 0 then
+      release(p, id)
+    elseif #a > 1 then
+      local refs = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) + #a - 1
+      redis.call('HSET', p .. 'n', id, refs)
+    end
+  end
+  redis.call('DEL', s, p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
+  return #ids
+end
+
+redis.register_function('gw_fan_out', function(keys, a) return fan_out(keys[1], a) end)
+
+-- add_group: group adopt; adopt '1' (shared): the first group takes the backlog
+redis.register_function('gw_add_group', function(keys, a)
+  local p = keys[1]
+  local added = redis.call('HSETNX', p .. 'groups', a[1], 0)
+  if added == 1 and a[2] == '1' and redis.call('HLEN', p .. 'groups') == 1
+     and redis.call('HGET', p .. 'meta', 'paused') ~= '1' then
+    fan_out(p, {a[1]})
+  end
+  return added
+end)
+
+-- topic_paused: 0/1 (shared); unpaused, the backlog goes to every group
+redis.register_function('gw_topic_paused', function(keys, a)
+  local p = keys[1]
+  redis.call('HSET', p .. 'meta', 'paused', a[1])
+  if a[1] == '0' then
+    local groups = current_groups(p)
+    if #groups > 0 then fan_out(p, groups) end
+  end
+  return 1
+end)
+
+redis.register_function('gw_clear', function(keys, a)
+  drop_all(keys[1], a[1])
+  return 1
+end)
+
+redis.register_function('gw_drop_group', function(keys, a)
+  drop_all(keys[1], a[1])
+  return redis.call('HDEL', keys[1] .. 'groups', a[1])
+end)
+
+redis.register_function('gw_drop_topic', function(keys, a)
+  local p = keys[1]
+  for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
+  drop_all(p, '')
+  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'seq', p .. 'meta')
+  return 1
+end)
+
+-- snapshot: group window (-1: all, 0: none) -> {spilled, ready[], deferred[], buried[], claimed}
+-- ready/deferred/buried entries are flat (id attempts prio packed [due])
+local function entry(p, g, id, out, with_due, due)
+  local attempts, prio = fields(p .. 's:', g, id)
+  if attempts == nil then return end
+  out[#out + 1] = id
+  out[#out + 1] = attempts
+  out[#out + 1] = prio
+  out[#out + 1] = redis.call('HGET', p .. 'm', id) or ''
+  if with_due then out[#out + 1] = due end
+end
+
+redis.register_function('gw_snapshot', function(keys, a)
+  local p, g, window = keys[1], a[1], tonumber(a[2])
+  local ready, deferred, buried = {}, {}, {}
+  local r = p .. 'r:' .. g
+  local total = redis.call('ZCARD', r)
+  local members = {}
+  if window ~= 0 then members = redis.call('ZRANGE', r, 0, window > 0 and window - 1 or -1) end
+  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), ready, false) end
+  local d = redis.call('ZRANGE', p .. 'd:' .. g, 0, -1, 'WITHSCORES')
+  for i = 1, #d, 2 do entry(p, g, d[i], deferred, true, d[i + 1]) end
+  for _, id in ipairs(redis.call('ZRANGE', p .. 'b:' .. g, 0, -1)) do
+    entry(p, g, id, buried, false)
+  end
+  return {total - #members, ready, deferred, buried, redis.call('ZCARD', p .. 'f:' .. g)}
+end)
+
+-- load: group from_member limit -> flat (id attempts prio packed) in (priority, id) order
+redis.register_function('gw_load', function(keys, a)
+  local p, g = keys[1], a[1]
+  local out = {}
+  local members = redis.call('ZRANGEBYLEX', p .. 'r:' .. g, '[' .. a[2], '+', 'LIMIT', 0, a[3])
+  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), out, false) end
+  return out
+end)
+
+-- Move what is due back to ready: deferred messages whose time came, and claims whose
+-- deadline passed (a gateway that died, or a consumer that never answered). The attempt
+-- was counted when the message was delivered, so the next delivery shows attempts + 1.
+local function promote(p, g, now)
+  local d = p .. 'd:' .. g
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 1000)) do
+    local _, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', d, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  local f = p .. 'f:' .. g
+  local expired = redis.call('ZRANGEBYSCORE', f, '-inf', now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(expired) do
+    local _, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', f, id)
+    redis.call('HDEL', p .. 'o:' .. g, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  return #expired
+end
+
+local function next_due(p, g)
+  local nxt = -1
+  for _, k in ipairs({p .. 'd:' .. g, p .. 'f:' .. g}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+    if first[2] then
+      local t = tonumber(first[2])
+      if nxt < 0 or t < nxt then nxt = t end
+    end
+  end
+  return nxt
+end
+
+-- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, flat (id attempts prio
+-- packed)}: the n most urgent ready messages become claimed by `owner` until now + lease
+-- (the delivery then sets the consumer's own deadline). A claim is made only for a
+-- delivery, so the attempt is counted here already (the reply shows the count before
+-- it): a gateway killed before it recorded the delivery still gives attempts + 1.
+redis.register_function('gw_claim', function(keys, a)
+  local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
+    tonumber(a[4]), a[5]
+  local expired = promote(p, g, now)
+  local out = {}
+  local r = p .. 'r:' .. g
+  local members = n > 0 and redis.call('ZRANGE', r, 0, n - 1) or {}
+  if #members > 0 then
+    bulk('ZREM', r, members)
+    local ids = {}
+    for i, mem in ipairs(members) do ids[i] = string.sub(mem, 9) end
+    local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
+    local bodies = redis.call('HMGET', p .. 'm', unpack(ids))
+    local fs, os, ss = {}, {}, {}
+    for i, id in ipairs(ids) do
+      local v = svals[i]
+      if v then
+        local c = string.find(v, ':', 1, true)
+        local attempts, prio = string.sub(v, 1, c - 1), string.sub(v, c + 1)
+        fs[#fs + 1] = now + lease; fs[#fs + 1] = id
+        os[#os + 1] = id; os[#os + 1] = owner
+        ss[#ss + 1] = id; ss[#ss + 1] = (tonumber(attempts) + 1) .. ':' .. prio
+        out[#out + 1] = id; out[#out + 1] = attempts; out[#out + 1] = prio
+        out[#out + 1] = bodies[i] or ''
+      end
+    end
+    bulk('ZADD', p .. 'f:' .. g, fs)
+    bulk('HSET', p .. 'o:' .. g, os)
+    bulk('HSET', p .. 's:' .. g, ss)
+  end
+  return {next_due(p, g), expired, out}
+end)
+
+-- touch: group owner then (id deadline_ms) pairs: claims' deadlines move, only their
+-- owner's (a delivery, NSQ TOUCH, beanstalkd touch)
+redis.register_function('gw_touch', function(keys, a)
+  local p, g, owner = keys[1], a[1], a[2]
+  local ids = {}
+  for i = 3, #a, 2 do ids[#ids + 1] = a[i] end
+  if #ids == 0 then return 0 end
+  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local fs = {}
+  for i, id in ipairs(ids) do
+    if holders[i] == owner then fs[#fs + 1] = a[2 * i + 2]; fs[#fs + 1] = id end
+  end
+  bulk('ZADD', p .. 'f:' .. g, fs)
+  return #fs / 2
+end)
+
+-- counts: group... -> per group {ready, deferred, claimed, buried, oldest buried as
+-- (id attempts prio packed) or empty}
+redis.register_function('gw_counts', function(keys, a)
+  local p = keys[1]
+  local out = {}
+  for _, g in ipairs(a) do
+    local head = {}
+    local first = redis.call('ZRANGE', p .. 'b:' .. g, 0, 0)
+    if first[1] then entry(p, g, first[1], head, false) end
+    out[#out + 1] = {
+      redis.call('ZCARD', p .. 'r:' .. g), redis.call('ZCARD', p .. 'd:' .. g),
+      redis.call('ZCARD', p .. 'f:' .. g), redis.call('ZCARD', p .. 'b:' .. g), head}
+  end
+  return out
+end)
+
+-- raise_ids: KEYS[1] = the id counter; never below a[1] (ids numbered by a caller)
+redis.register_function('gw_raise_ids', function(keys, a)
+  local cur = tonumber(redis.call('GET', keys[1]) or '0')
+  if cur < tonumber(a[1]) then redis.call('SET', keys[1], a[1]) end
+  return 1
+end)
+
+-- kick: group n -> how many moved to ready: the oldest burials first or, when none is
+-- buried, the deferred messages due first (beanstalkd's kick)
+redis.register_function('gw_kick', function(keys, a)
+  local p, g = keys[1], a[1]
+  local from = p .. 'b:' .. g
+  if redis.call('ZCARD', from) == 0 then from = p .. 'd:' .. g end
+  local ids = redis.call('ZRANGE', from, 0, tonumber(a[2]) - 1)
+  for _, id in ipairs(ids) do
+    local attempts, prio = fields(p .. 's:', g, id)
+    redis.call('ZREM', from, id)
+    if prio then place(p, g, id, prio, 'r', 0) end
+  end
+  return #ids
+end)
+"""
