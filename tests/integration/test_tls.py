@@ -127,6 +127,12 @@ async def test_nats_tls_verify_requires_a_client_certificate(pki: dict[str, str]
                             pki["client_cert"], "--tls-key", pki["client_key"]),
         )  # fmt: skip
         assert ok["async_errors"] == [] and ok["published"] == 1
+        js = await servers.run(
+            servers.command("natsjs", "pub", address, "--subject", "v", "--bodies",
+                            _one_body(pki), "--tlsca", pki["ca"], "--tlscert",
+                            pki["client_cert"], "--tlskey", pki["client_key"]),
+        )  # fmt: skip
+        assert js["async_errors"] == [] and js["published"] == 1
 
 
 def _one_body(pki: dict[str, str]) -> str:

@@ -50,6 +50,8 @@ function parseArgs(argv) {
     publish: 10,
     timeout: 60,
     tlsca: '',  // a CA file: connect with TLS, trusting it
+    tlscert: '',  // a client certificate and its key (tls_verify)
+    tlskey: '',
   }
   for (let i = 1; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '')
@@ -99,6 +101,7 @@ const record = (m) => [m.subject, m.reply || '', sha(m.data), m.data.length, hea
 async function connect(args, out, name) {
   const options = {servers: `${args.host}:${args.port}`, name, reconnect: false}
   if (args.tlsca) options.tls = {caFile: args.tlsca}
+  if (args.tlscert) Object.assign(options.tls, {certFile: args.tlscert, keyFile: args.tlskey})
   const nc = await nats.connect(options)
   ;(async () => {
     for await (const s of nc.status()) {
