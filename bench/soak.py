@@ -259,6 +259,8 @@ def nats_subscriber(addr: Address, drain: Event, report: Report, slow: bool) -> 
                 continue
             if not chunk:
                 break
+            if b"PING\r\n" in chunk:  # the server's liveness check (a PING can hide in a
+                c.sock.sendall(b"PONG\r\n")  # payload too; a spare PONG does no harm)
             got += chunk.count(b"MSG soak.nats")
             idle = 0
     except OSError:
