@@ -71,7 +71,8 @@ class ProduceRequests:
     # -- SEND_MESSAGE / V2 / BATCH ------------------------------------------------------------
 
     def _send_fields(self, request: Request) -> Request:
-        if request.code == RequestCode.SEND_MESSAGE_V2:
+        # Java sends batches with the V2 header too when sendSmartMsg is on (the default)
+        if request.code == RequestCode.SEND_MESSAGE_V2 or "b" in request.ext_fields:
             fields = {SEND_V2_FIELDS.get(k, k): v for k, v in request.ext_fields.items()}
             return Request(request.code, request.opaque, request.flag, ext_fields=fields)
         return request
