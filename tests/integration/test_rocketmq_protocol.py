@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import zlib
 
+import httpx
+
 from gateway.app import Gateway
 from gateway.protocols.rocketmq.codec import ResponseCode
 from gateway.protocols.rocketmq.codes import RequestCode
@@ -18,7 +20,7 @@ from gateway.protocols.rocketmq.message import (
     offset_msg_id,
 )
 from tests.clients.harness import wait_until
-from tests.helpers import running_gateway
+from tests.helpers import http_base, running_gateway
 from tests.integration.rocketmq_raw import RawRemoting
 
 
@@ -285,3 +287,25 @@ async def test_oneway_requests_get_no_answer_and_unknown_codes_do() -> None:
         )
         == 1
     )
+
+
+async def test_admin_state_and_stats_show_rocketmq_groups() -> None:
+    async with rocketmq_gateway(http="127.0.0.1:0") as gw:
+        c = await RawRemoting.connect(gw)
+        await c.heartbeat("192.0.2.2@7", "GID_admin", {"Shown": "*"})
+        await c.produce("Shown", b"held until committed")
+        async with httpx.AsyncClient(base_url=http_base(gw)) as client:
+            state = (await client.get("/admin/api/state")).json()
+            stats = (await client.get("/stats", params={"format": "json"})).json()
+        await c.aclose()
+    [topic] = [t for t in state["topics"] if t["name"] == "Shown"]
+    [group] = topic["groups"]
+    assert group["name"] == "GID_admin" and group["consumers"] == {"rocketmq": 1}
+    [client_state] = group["clients"]
+    # delivered to the group's queues, acknowledged only by a commit
+    assert client_state["address"] == "192.0.2.2@7" and client_state["in_flight"] == 1
+    assert state["connections"]["rocketmq"] == 1
+    [nsq_topic] = [t for t in stats["topics"] if t["topic_name"] == "Shown"]
+    [channel] = nsq_topic["channels"]
+    assert channel["channel_name"] == "GID_admin" and channel["in_flight_count"] == 1
+    assert channel["clients"][0]["version"] == "rocketmq"
