@@ -39,6 +39,9 @@ _PULL_CODES = {
     "moved": (ResponseCode.PULL_OFFSET_MOVED, "OFFSET_MOVED"),
 }
 MAX_PULL_COUNT = 1024  # a pull's maxMsgNums is capped to this (ali-ons and Java ask 32)
+# Pulls one connection may have held at once (clients hold one per queue they own); past
+# it a pull with nothing to return is answered PULL_NOT_FOUND at once.
+MAX_HELD = 1024
 
 
 def _version(value: Any) -> int:
@@ -54,6 +57,7 @@ class ConsumeRequests:
     server: RocketMQServer
     remote: str
     registered: set[tuple[str, str]]
+    held_pulls: int
 
     def ok(
         self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
@@ -264,7 +268,7 @@ class ConsumeRequests:
             if commit >= 0:
                 feed.commit(queue_id, commit)
         result = feed.pull(queue_id, offset, count, subscription)
-        if result.status == "none" and sys_flag & PULL_SUSPEND:
+        if result.status == "none" and sys_flag & PULL_SUSPEND and self.held_pulls < MAX_HELD:
             suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
             hold = min(max(suspend, 0.0), server.max_suspend)
             if hold > 0:
@@ -289,13 +293,17 @@ class ConsumeRequests:
         PULL_NOT_FOUND (every client pulls again at once)."""
         log = feed.queues[queue_id]
         result = PullResult("none", offset)
-        with trio.move_on_at(until):
-            while not feed.closed:
-                wake = log.wake  # taken before the look, so no arrival is missed
-                result = feed.pull(queue_id, offset, count, subscription)
-                if result.status != "none":
-                    break
-                await wake.wait()
+        self.held_pulls += 1
+        try:
+            with trio.move_on_at(until):
+                while not feed.closed:
+                    wake = log.wake  # taken before the look, so no arrival is missed
+                    result = feed.pull(queue_id, offset, count, subscription)
+                    if result.status != "none":
+                        break
+                    await wake.wait()
+        finally:
+            self.held_pulls -= 1
         self.send_frames([self._pull_answer(request, feed, queue_id, result)])
 
     def _pull_answer(

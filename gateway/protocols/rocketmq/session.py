@@ -39,6 +39,7 @@ from gateway.tcp import QueuedWriter, receive, socket_fd
 log = logging.getLogger("gateway.rocketmq")
 
 _RECEIVE_SIZE = 65536
+_BLOCKED_POLL = 0.01  # s between looks at a writer blocked by a peer that does not read
 PROTOCOL = "rocketmq"
 
 Answer = bytes | PendingSend | None
@@ -62,6 +63,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
+        self.held_pulls = 0
         self._next_opaque = 0  # for requests the gateway sends (NOTIFY_CONSUMER_IDS_CHANGED)
         self._metrics = server.metrics
         self._bytes_out = server.metrics.bytes_out.labels(PROTOCOL)
@@ -119,8 +121,12 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         bytes_in = self._metrics.bytes_in.labels(PROTOCOL)
         limit = self.server.max_output_bytes
         while True:
+            # the peer does not read its answers: neither do we read its requests, until
+            # what waits is written (the writer may be blocked in a send right now)
+            while self._pending > limit and self._sending:
+                await trio.sleep(_BLOCKED_POLL)
             if self._pending > limit:
-                await self._flush()  # the peer does not read: neither do we, until it does
+                await self._flush()
             data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
             if not data:
                 return
