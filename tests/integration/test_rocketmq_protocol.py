@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 
 import httpx
 
@@ -309,3 +310,35 @@ async def test_admin_state_and_stats_show_rocketmq_groups() -> None:
     [channel] = nsq_topic["channels"]
     assert channel["channel_name"] == "GID_admin" and channel["in_flight_count"] == 1
     assert channel["clients"][0]["version"] == "rocketmq"
+
+
+async def test_the_durable_store_keeps_what_was_not_committed(tmp_path: Path) -> None:
+    """Commit one of three, restart: the other two come back (at new, higher offsets), the
+    committed one does not, and a commit of an offset from before acknowledges nothing."""
+    store = f"sqlite:///{tmp_path / 'gateway.db'}"
+    overrides = {"store": store, "rocketmq_broker__read_queues": 1}
+    async with rocketmq_gateway(**overrides) as gw:
+        c = await RawRemoting.connect(gw)
+        await c.heartbeat("cid@1", "G", {"R": "*"})
+        for body in (b"one", b"two", b"three"):
+            assert (await c.produce("R", body)).code == ResponseCode.SUCCESS
+        query = {"consumerGroup": "G", "topic": "R", "queueId": 0}
+        start = int((await c.call(RequestCode.QUERY_CONSUMER_OFFSET, query)).ext_fields["offset"])
+        assert len(decode_records((await c.pull("R", "G", 0, start)).body)) == 3
+        await c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": start + 1})
+        await c.aclose()
+    async with rocketmq_gateway(**overrides) as gw:
+        c = await RawRemoting.connect(gw)
+        await c.heartbeat("cid@1", "G", {"R": "*"})
+        stale = await c.call(
+            RequestCode.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": start + 3}
+        )
+        after = int((await c.call(RequestCode.QUERY_CONSUMER_OFFSET, query)).ext_fields["offset"])
+        moved = await c.pull("R", "G", 0, start + 1)
+        records = decode_records((await c.pull("R", "G", 0, after)).body)
+        await c.aclose()
+    assert stale.code == ResponseCode.SUCCESS
+    assert after > start + 3
+    assert moved.code == ResponseCode.PULL_OFFSET_MOVED
+    assert moved.ext_fields["nextBeginOffset"] == str(after)
+    assert [r.body for r in records] == [b"two", b"three"]
