@@ -34,7 +34,6 @@ from gateway.protocols.rocketmq.message import (
     SYSFLAG_COMPRESSED,
     MalformedBody,
     decode_batch_body,
-    offset_msg_id,
 )
 
 if TYPE_CHECKING:
@@ -172,8 +171,7 @@ class ProduceRequests:
         return messages, queue_id, server.sent(topic, queue_id, messages)
 
     def _msg_id(self, message: Message) -> str:
-        host, port = self.server.advertised
-        return offset_msg_id(host, port, message.id)
+        return self.server.msg_id(message.id)
 
     def _send_result(
         self, request: Request, messages: list[Message], queue_id: int, offset: int
