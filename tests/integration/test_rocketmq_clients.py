@@ -160,7 +160,7 @@ async def test_compressed_8kb_body_arrives_intact() -> None:
     assert stored == len(body)
 
 
-async def test_metrics_count_connections_and_unknown_codes(gateway_for_metrics: Gateway) -> None:
+async def test_metrics_count_connections_and_bytes(gateway_for_metrics: Gateway) -> None:
     gw = gateway_for_metrics
     await alions.produce(gw, "T5", [message(b"x", "A")])
     text = gw.metrics.registry.get_sample_value(
