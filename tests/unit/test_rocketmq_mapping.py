@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.model import Message
+from gateway.protocols.rocketmq.codec import encode_response
 from gateway.protocols.rocketmq.mapping import (
     BodyTooLarge,
     born_host,
@@ -29,6 +30,7 @@ from gateway.protocols.rocketmq.message import (
     decode_properties,
     decode_records,
 )
+from gateway.protocols.rocketmq.produce import _FRAME_PREFIX, _SEND_OK_JSON
 
 
 @pytest.mark.parametrize(
@@ -150,3 +152,26 @@ def test_fuzz_properties_and_subscriptions(text: str) -> None:
     assert decode_properties(properties_text(headers)) == dict(headers)
     sub = parse_subscription(text)
     assert sub.tags is None or all(t and t == t.strip() for t in sub.tags)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.text("0123456789ABCDEF", min_size=32, max_size=32), min_size=1, max_size=3),
+    st.integers(0, 1023),
+    st.integers(0, 2**62),
+    st.integers(-(2**31), 2**31 - 1),
+)
+def test_the_send_answer_template_is_what_the_encoder_writes(
+    ids: list[str], queue_id: int, offset: int, opaque: int
+) -> None:
+    """produce.py formats SEND_OK answers directly; they must be the encoder's bytes."""
+    header = _SEND_OK_JSON.format(",".join(ids), queue_id, offset, opaque).encode()
+    fast = _FRAME_PREFIX.pack(4 + len(header), len(header)) + header
+    ext = {
+        "msgId": ",".join(ids),
+        "queueId": queue_id,
+        "queueOffset": offset,
+        "MSG_REGION": "DefaultRegion",
+        "TRACE_ON": "true",
+    }
+    assert fast == encode_response(opaque, ext_fields=ext)

@@ -8,13 +8,14 @@ after the store flush that covers it (the session's group commit).
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from gateway.model import Message
 from gateway.protocols.rocketmq import requests as rq
 from gateway.protocols.rocketmq.codec import ResponseCode
 from gateway.protocols.rocketmq.codes import SEND_V2_FIELDS, RequestCode
-from gateway.protocols.rocketmq.events import Request
+from gateway.protocols.rocketmq.events import Request, SerializeType
 from gateway.protocols.rocketmq.mapping import (
     DELAY,
     MAX_RECONSUME_TIMES,
@@ -41,6 +42,14 @@ if TYPE_CHECKING:
 
 # DefaultMQPushConsumer.maxReconsumeTimes: what a send-back without the field means
 DEFAULT_MAX_RECONSUME_TIMES = 16
+# A SUCCESS answer to a send, as encode_response writes it (keys in fastjson's order; the
+# extFields MSG_REGION and TRACE_ON are what a Java broker adds, read but not required).
+_SEND_OK_JSON = (
+    '{{"code":0,"extFields":{{"msgId":"{}","queueId":"{}","queueOffset":"{}",'
+    '"MSG_REGION":"DefaultRegion","TRACE_ON":"true"}},"flag":1,"language":"JAVA",'
+    '"opaque":{},"version":409}}'
+)
+_FRAME_PREFIX = struct.Struct(">iI")  # total length, header word (JSON: the length)
 
 
 class PendingSend:
@@ -176,10 +185,16 @@ class ProduceRequests:
     def _send_result(
         self, request: Request, messages: list[Message], queue_id: int, offset: int
     ) -> bytes:
+        msg_ids = ",".join([self.server.msg_id(m.id) for m in messages])
+        if request.serialize_type is SerializeType.JSON:
+            # the answer to every send: formatted directly (hex ids and integers need no
+            # JSON escaping), a third of a send's cost when it went through json.dumps
+            header = _SEND_OK_JSON.format(msg_ids, queue_id, offset, request.opaque).encode()
+            return _FRAME_PREFIX.pack(4 + len(header), len(header)) + header
         return self.ok(
             request,
             {
-                "msgId": ",".join([self._msg_id(m) for m in messages]),
+                "msgId": msg_ids,
                 "queueId": queue_id,
                 "queueOffset": offset,
                 "MSG_REGION": "DefaultRegion",
