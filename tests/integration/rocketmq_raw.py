@@ -131,8 +131,16 @@ class RawRemoting:
         return ext
 
     async def pull(
-        self, topic: str, group: str, queue_id: int, offset: int, **extra: Any
+        self,
+        topic: str,
+        group: str,
+        queue_id: int,
+        offset: int,
+        timeout: float = 5.0,
+        **extra: Any,
     ) -> Response:
         return await self.call(
-            RequestCode.PULL_MESSAGE, self.pull_fields(topic, group, queue_id, offset, **extra)
+            RequestCode.PULL_MESSAGE,
+            self.pull_fields(topic, group, queue_id, offset, **extra),
+            timeout=timeout,
         )

@@ -342,3 +342,26 @@ async def test_the_durable_store_keeps_what_was_not_committed(tmp_path: Path) ->
     assert moved.code == ResponseCode.PULL_OFFSET_MOVED
     assert moved.ext_fields["nextBeginOffset"] == str(after)
     assert [r.body for r in records] == [b"two", b"three"]
+
+
+async def test_a_delay_level_defers_the_message() -> None:
+    """Property DELAY=2 publishes with delay_levels[1] (here 3 s): not there at once, then
+    delivered to the pull held for it."""
+    levels = [1.0, 3.0] + [1.0] * 16
+    async with rocketmq_gateway(
+        rocketmq_broker__read_queues=1, rocketmq_broker__delay_levels=levels
+    ) as gw:
+        c = await RawRemoting.connect(gw)
+        await c.heartbeat("cid@1", "G", {"Later": "*"})
+        query = {"consumerGroup": "G", "topic": "Later", "queueId": 0}
+        start = int((await c.call(RequestCode.QUERY_CONSUMER_OFFSET, query)).ext_fields["offset"])
+        sent = await c.produce("Later", b"not yet", "DELAY\x012\x02")
+        now = await c.pull("Later", "G", 0, start)
+        later = await c.pull(
+            "Later", "G", 0, start, sysFlag=6, suspendTimeoutMillis=15000, timeout=20
+        )
+        await c.aclose()
+    assert sent.code == ResponseCode.SUCCESS
+    assert now.code == ResponseCode.PULL_NOT_FOUND
+    [record] = decode_records(later.body)
+    assert record.body == b"not yet" and "DELAY\x012\x02" in record.properties
