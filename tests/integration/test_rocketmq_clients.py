@@ -17,6 +17,7 @@ import trio
 from gateway.app import Gateway
 from tests.clients import alions
 from tests.clients.alions import message, unb64
+from tests.clients.harness import wait_until
 from tests.helpers import running_gateway
 
 pytestmark = pytest.mark.clients
@@ -176,3 +177,29 @@ async def test_metrics_count_connections_and_bytes(gateway_for_metrics: Gateway)
 async def gateway_for_metrics():  # type: ignore[no-untyped-def]
     async with rocketmq_gateway() as gw:
         yield gw
+
+
+async def test_past_max_reconsume_times_the_message_is_buried_in_the_dlq() -> None:
+    """A handler that always fails, maxReconsumeTimes 2: the first delivery and two
+    retries, then the gateway buries it in %DLQ%group (where a kick would bring it back)."""
+    async with rocketmq_gateway() as gw, trio.open_nursery() as nursery:
+        consumer = await alions.start(
+            nursery,
+            "consume",
+            alions.consumer_options(gw, "T6", "GID_dlq", 1, failAll=True, maxReconsumeTimes=2),
+        )
+        await consumer.until("ready")
+        await alions.produce(gw, "T6", [message(b"poison", "Bad")])
+
+        def buried() -> bool:
+            group = gw.rocketmq.dead_letter_group("GID_dlq")
+            return group is not None and len(group.buried) == 1
+
+        await wait_until(buried, "the message buried in %DLQ%GID_dlq")
+        consumer.process.terminate()
+        await consumer.wait()
+        [dead] = gw.rocketmq.dead_letter_group("GID_dlq").buried.values()  # type: ignore[union-attr]
+    deliveries = consumer.of("message")
+    assert [m["reconsumeTimes"] for m in deliveries] == [0, 1, 2]
+    assert dead.body == b"poison" and ("RETRY_TOPIC", "T6") in (dead.headers or [])
+    assert ("TAGS", "Bad") in (dead.headers or [])

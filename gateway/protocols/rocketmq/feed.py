@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Final
 
@@ -112,6 +112,12 @@ class GroupFeed:
         base = _offset_base()
         self.queues = [QueueLog(base) for _ in range(queue_count)]
         self.index: dict[int, Entry] = {}  # message id -> entry, for CONSUMER_SEND_MSG_BACK
+        # Messages committed lately, still found by CONSUMER_SEND_MSG_BACK: a client may
+        # commit past a message while its handler is still failing it (ali-ons takes a
+        # message out of its process queue when the handler starts), as a Java broker
+        # finds it in the commit log whatever the offsets say. At most `window` of them.
+        self.recent: OrderedDict[int, Message] = OrderedDict()
+        self._recent_max = window
         self.remote = ""  # what the admin page shows as the consumer's address
         self.consumer: Consumer = group.attach(self, NO_TIMEOUT)
         self.consumer.set_ready(window)
@@ -153,12 +159,17 @@ class GroupFeed:
         consumer = self.consumer
         index = self.index
         done = 0
+        recent = self.recent
         while entries and entries[0].offset < offset:
             entry = entries.popleft()
-            index.pop(entry.message.id, None)
-            finish(consumer, entry.message.id, pump=False)
+            msg = entry.message
+            index.pop(msg.id, None)
+            finish(consumer, msg.id, pump=False)
+            recent[msg.id] = msg
             done += 1
         if done:
+            while len(recent) > self._recent_max:
+                recent.popitem(last=False)
             self.group.pump()
         return done
 
@@ -204,7 +215,7 @@ class GroupFeed:
 
     def find(self, msg_id: int) -> Message | None:
         entry = self.index.get(msg_id)
-        return entry.message if entry is not None else None
+        return entry.message if entry is not None else self.recent.get(msg_id)
 
     def close(self) -> None:
         """The feed goes (its group was deleted, or the gateway stops). Held pulls wake."""

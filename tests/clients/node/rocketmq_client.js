@@ -9,6 +9,7 @@
 //
 // `count`: messages handled successfully before the consumer closes (with `distinct`,
 // distinct bodies). `retryFirst`: the first delivery of each body fails (ACTION_RETRY).
+// `failAll`: every delivery fails (throws); `maxReconsumeTimes`: ali-ons' option.
 // `handleMs`: the handler takes this long per message. `ignore`: bodies (base64) that
 // `distinct` does not count.
 // The consumer prints `ready` once subscribed and `closed` after close(); the process
@@ -57,6 +58,7 @@ async function consume() {
     consumerGroup: opts.group,
     brokerSuspendMaxTimeMillis: opts.suspendMs || 15000,
     pullBatchSize: opts.pullBatchSize || 32,
+    maxReconsumeTimes: opts.maxReconsumeTimes === undefined ? 16 : opts.maxReconsumeTimes,
   }, base));
   consumer.on('error', e => out({ event: 'error', code: e.code, message: String(e.message).slice(0, 300) }));
   let handled = 0;
@@ -76,6 +78,9 @@ async function consume() {
     }
     if (opts.handleMs) await new Promise(r => setTimeout(r, opts.handleMs));
     const key = msg.body.toString('base64');
+    // thrown, not ACTION_RETRY: ali-ons' retry-topic handler drops the handler's return
+    // value, so only a throw fails a message that is already a retry
+    if (opts.failAll) throw new Error('fails every time (test)');
     if (opts.retryFirst && !tried.has(key)) {
       tried.add(key);
       return Consumer.ACTION_RETRY;
