@@ -253,10 +253,7 @@ class ProduceRequests:
         self, request: Request, group: str, body: bytes, headers: list[tuple[str, str]]
     ) -> PendingSend:
         headers = [(k, v) for k, v in headers if k != DELAY]
-        messages = self.server.broker.publish(
-            dlq_topic(group), [body], headers=headers, origin=self.origin
-        )
-        self.server.bury_dead_letters(group, messages)
+        messages = self.server.dead_letter(group, body, headers, self.origin)
         if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
             return PendingSend(request, self.ok(request))
         offset = self.server.sent(dlq_topic(group), 0, messages)

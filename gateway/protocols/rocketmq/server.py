@@ -241,16 +241,21 @@ class RocketMQServer:
 
     # -- dead letters -------------------------------------------------------------------------
 
-    def bury_dead_letters(self, group: str, messages: list[Message]) -> None:
-        """Bury messages just published to `%DLQ%<group>` in its group `group`, where the
-        admin page (and a kick) finds them. One a reader took already is left to it."""
+    def dead_letter(
+        self, group: str, body: bytes, headers: list[tuple[str, str]], origin: str
+    ) -> list[Message]:
+        """Publish to `%DLQ%<group>` and bury it in that topic's group `group`, where the
+        admin page (and a kick) finds it. The group is made first, so it gets the message
+        whatever other groups the topic has; one a reader of it took already is left to it."""
         dlq = self.broker.group(dlq_topic(group), group)
+        messages = self.broker.publish(dlq_topic(group), [body], headers=headers, origin=origin)
         consumer = self._dead_letters.get(group)
         if consumer is None or not consumer.attached or consumer.group is not dlq:
             consumer = self._dead_letters[group] = dlq.attach(_DeadLetters(), 0.0)
         for msg in messages:
             if dlq.take_any(consumer, msg.id) is not None:
                 dlq.bury(consumer, msg.id)
+        return messages
 
     def dead_letter_group(self, group: str) -> Group | None:
         topic = query.topic(self.broker, dlq_topic(group))
