@@ -365,3 +365,27 @@ async def test_a_delay_level_defers_the_message() -> None:
     assert now.code == ResponseCode.PULL_NOT_FOUND
     [record] = decode_records(later.body)
     assert record.body == b"not yet" and "DELAY\x012\x02" in record.properties
+
+
+async def test_java_style_pulls_take_the_heartbeat_subscription() -> None:
+    """Java's push consumer pulls without the subscription flag (postSubscriptionWhenPull
+    false) and commits offsets oneway (flag 2): the group's heartbeat subscription
+    filters, and the oneway commit is applied without an answer."""
+    async with rocketmq_gateway(rocketmq_broker__read_queues=1) as gw:
+        c = await RawRemoting.connect(gw)
+        unknown = await c.pull("J", "GJ", 0, 0, sysFlag=2)
+        await c.heartbeat("10.0.0.9@java", "GJ", {"J": "TagA"})
+        for tag in ("TagA", "TagB", "TagA"):
+            await c.produce("J", tag.encode(), f"TAGS\x01{tag}\x02")
+        query = {"consumerGroup": "GJ", "topic": "J", "queueId": 0}
+        start = int((await c.call(RequestCode.QUERY_CONSUMER_OFFSET, query)).ext_fields["offset"])
+        pulled = await c.pull("J", "GJ", 0, start, sysFlag=2, subscription=None)
+        await c.send(
+            RequestCode.UPDATE_CONSUMER_OFFSET, {**query, "commitOffset": start + 2}, oneway=True
+        )
+        after = await c.call(RequestCode.QUERY_CONSUMER_OFFSET, query)
+        await c.aclose()
+    assert unknown.code == ResponseCode.SUBSCRIPTION_NOT_EXIST
+    assert [r.body for r in decode_records(pulled.body)] == [b"TagA", b"TagA"]
+    assert after.ext_fields["offset"] == str(start + 2)
+    assert c.opaque - 1 not in c.responses  # the oneway commit was not answered
