@@ -152,3 +152,17 @@ async def test_closing_wakes_held_pulls_and_detaches() -> None:
         feed.close()
         assert wake.is_set() and feed.closed
         assert not feed.group.consumers
+
+
+async def test_entries_the_group_dropped_are_not_pulled() -> None:
+    """An operator empties the group (admin page, nsqd /channel/empty): its queue entries
+    are no longer handed out."""
+    async with broker() as b:
+        feed = make_feed(b)
+        b.publish("T", [b"gone", b"gone too"])
+        start = feed.queues[0].min_offset
+        feed.group.empty()
+        result = feed.pull(0, start, 32, EVERYTHING)
+        assert result.status == "retry" and result.next_offset == start + 2
+        b.publish("T", [b"new"])
+        assert bodies(feed.pull(0, start, 32, EVERYTHING).records) == [b"new"]

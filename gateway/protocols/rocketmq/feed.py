@@ -26,7 +26,7 @@ from typing import Final
 
 import trio
 
-from gateway.broker import Consumer, Group
+from gateway.broker import Consumer, Group, query
 from gateway.model import Message
 from gateway.protocols.rocketmq.mapping import (
     EVERYTHING,
@@ -195,11 +195,15 @@ class GroupFeed:
         end = len(entries)
         records: list[bytes] = []
         size = 0
+        consumer = self.consumer
         while position < end and len(records) < max_count:
             entry = entries[position]
             position += 1
             if not subscription.matches(entry.tag):
                 continue
+            delivery = query.reservation(self.group, entry.message.id)
+            if delivery is None or delivery.consumer is not consumer:
+                continue  # the group dropped it meanwhile (an operator emptied it)
             body = len(entry.message.body)
             if records and size + body > max_bytes:
                 position -= 1
