@@ -203,3 +203,37 @@ async def test_past_max_reconsume_times_the_message_is_buried_in_the_dlq() -> No
     assert [m["reconsumeTimes"] for m in deliveries] == [0, 1, 2]
     assert dead.body == b"poison" and ("RETRY_TOPIC", "T6") in (dead.headers or [])
     assert ("TAGS", "Bad") in (dead.headers or [])
+
+
+async def test_two_consumers_of_one_group_share_its_queues() -> None:
+    """Both in the group at once: the clients split the four queues between them (each
+    gets messages), and together they get every message."""
+    n = 400
+    specs = [message(b"s%03d" % i, "T") for i in range(n)]
+    options = {"handleMs": 10, "rebalanceInterval": 300, "timeoutMs": 60000}
+    async with rocketmq_gateway() as gw, trio.open_nursery() as nursery:
+        a = await alions.start(
+            nursery, "consume", alions.consumer_options(gw, "T7", "GID_pair", n, **options)
+        )
+        b = await alions.start(
+            nursery, "consume", alions.consumer_options(gw, "T7", "GID_pair", n, **options)
+        )
+        await a.until("ready")
+        await b.until("ready")
+        await wait_until(lambda: len(gw.rocketmq.client_ids("GID_pair")) == 2, "both members")
+        await alions.produce(gw, "T7", specs)
+
+        def everything() -> bool:
+            seen = {m["body"] for m in a.of("message") + b.of("message")}
+            return len(seen) == n
+
+        await wait_until(everything, f"{n} distinct messages between the two", timeout=60)
+        a.process.terminate()
+        b.process.terminate()
+        await a.wait()
+        await b.wait()
+    got_a = {unb64(m["body"]) for m in a.of("message")}
+    got_b = {unb64(m["body"]) for m in b.of("message")}
+    # two queues each once they have rebalanced (the producer spreads over all four)
+    assert len(got_a) >= n // 4 and len(got_b) >= n // 4, (len(got_a), len(got_b))
+    assert got_a | got_b == {unb64(s["body"]) for s in specs}

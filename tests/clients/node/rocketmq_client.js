@@ -9,7 +9,8 @@
 //
 // `count`: messages handled successfully before the consumer closes (with `distinct`,
 // distinct bodies). `retryFirst`: the first delivery of each body fails (ACTION_RETRY).
-// `failAll`: every delivery fails (throws); `maxReconsumeTimes`: ali-ons' option.
+// `failAll`: every delivery fails (throws); `maxReconsumeTimes`, `rebalanceInterval`:
+// ali-ons' options.
 // `handleMs`: the handler takes this long per message. `ignore`: bodies (base64) that
 // `distinct` does not count.
 // The consumer prints `ready` once subscribed and `closed` after close(); the process
@@ -59,6 +60,7 @@ async function consume() {
     brokerSuspendMaxTimeMillis: opts.suspendMs || 15000,
     pullBatchSize: opts.pullBatchSize || 32,
     maxReconsumeTimes: opts.maxReconsumeTimes === undefined ? 16 : opts.maxReconsumeTimes,
+    rebalanceInterval: opts.rebalanceInterval || 10000,
   }, base));
   consumer.on('error', e => out({ event: 'error', code: e.code, message: String(e.message).slice(0, 300) }));
   let handled = 0;
