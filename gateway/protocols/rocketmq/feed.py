@@ -112,10 +112,10 @@ class GroupFeed:
         base = _offset_base()
         self.queues = [QueueLog(base) for _ in range(queue_count)]
         self.index: dict[int, Entry] = {}  # message id -> entry, for CONSUMER_SEND_MSG_BACK
-        # Messages committed lately, still found by CONSUMER_SEND_MSG_BACK: a client may
-        # commit past a message while its handler is still failing it (ali-ons takes a
-        # message out of its process queue when the handler starts), as a Java broker
-        # finds it in the commit log whatever the offsets say. At most `window` of them.
+        # Messages committed lately, still found by CONSUMER_SEND_MSG_BACK: a client whose
+        # handler is still failing a message may find that another client committed past
+        # it (a rebalance moved the queue), and a Java broker finds it in its commit log
+        # whatever the offsets say. At most `window` of them.
         self.recent: OrderedDict[int, Message] = OrderedDict()
         self._recent_max = window
         self.remote = ""  # what the admin page shows as the consumer's address
