@@ -30,7 +30,8 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 # Inside a container every listener binds all interfaces (the defaults, 127.0.0.1, suit a
 # sidecar process). These variables override the config file: a pod that wants a listener
 # on loopback only sets it in its own environment (deploy/kubernetes/sidecar does).
-# RocketMQ is not in this build yet: its port is exposed for when it is, and it stays off.
+# RocketMQ clients dial the address routes name: set GATEWAY_ROCKETMQ_BROKER__ADVERTISE to
+# the pod's or host's reachable IPv4 host:port (unset, routes name 127.0.0.1, with a warning).
 ENV PATH=/opt/gateway/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -40,7 +41,7 @@ ENV PATH=/opt/gateway/bin:$PATH \
     GATEWAY_BEANSTALK=0.0.0.0:11300 \
     GATEWAY_NATS=0.0.0.0:4222 \
     GATEWAY_NATS_ROUTE=0.0.0.0:6222 \
-    GATEWAY_ROCKETMQ=off
+    GATEWAY_ROCKETMQ=0.0.0.0:9876
 
 # NSQ TCP, HTTP (nsqd/nsqlookupd API, /metrics, /health, /ready, admin page), beanstalkd,
 # NATS client, NATS cluster route, RocketMQ nameserver

@@ -203,6 +203,8 @@ def main() -> int:
                 "off",
                 "--nats-route",
                 "off",
+                "--rocketmq",
+                "off",
                 "--store",
                 "memory://",
             ],

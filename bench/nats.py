@@ -101,6 +101,8 @@ GATEWAY_COMMON = [
     "off",
     "--nats-route",
     "off",
+    "--rocketmq",
+    "off",
     "--store",
     "memory://",
 ]

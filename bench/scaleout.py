@@ -140,6 +140,8 @@ def start_gateway(store: str, data: Path) -> GatewayProcess:
             "off",
             "--nats-route",
             "off",
+            "--rocketmq",
+            "off",
             "--log-level",
             "warning",
         ],

@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     gw = GatewayProcess(
         ["serve", "--data-dir", str(data / "data"), "--nsq", "127.0.0.1:0",
          "--beanstalk", "127.0.0.1:0", "--nats", "127.0.0.1:0", "--http", "127.0.0.1:0",
-         "--nats-route", "off"],
+         "--nats-route", "off", "--rocketmq", "off"],
         make_placement(args.pin), ["nsq", "beanstalk", "nats", "http"],
     )  # fmt: skip
     addrs = gw.start()

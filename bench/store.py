@@ -113,6 +113,8 @@ def gateway_args(store: list[str], config: Path | None = None) -> list[str]:
         "off",
         "--nats-route",
         "off",
+        "--rocketmq",
+        "off",
         *store,
     ]
     return [*args, "--config", str(config)] if config is not None else args

@@ -30,6 +30,8 @@ from gateway.protocols.nsq.codec import error_frame as nsq_error_frame
 from gateway.protocols.nsq.negotiation import ServerFeatures
 from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
+from gateway.protocols.rocketmq.server import RocketMQServer
+from gateway.protocols.rocketmq.session import RocketMQSession
 from gateway.stores import Store, open_store
 from gateway.tcp import Buffered, ConnectionLimits
 from gateway.tcp import serve as serve_tcp
@@ -160,6 +162,23 @@ class Gateway:
             server_name=n.server_name,
         )
         self.cluster = self._cluster()
+        r = s.rocketmq_broker
+        self.rocketmq = RocketMQServer(
+            self.broker,
+            self.metrics,
+            read_queues=r.read_queues,
+            write_queues=r.write_queues,
+            max_frame_size=r.max_frame_size,
+            max_header_size=r.max_header_size,
+            max_message_size=r.max_message_size,
+            max_suspend=r.max_suspend,
+            group_window=r.group_window,
+            client_timeout=r.client_timeout,
+            max_output_bytes=r.max_output_bytes,
+            delay_levels=tuple(r.delay_levels),
+            broker_name=r.broker_name,
+            cluster_name=r.cluster_name,
+        )
 
     def _archive(self) -> Archive | None:
         a = self.settings.archive
@@ -293,6 +312,7 @@ class Gateway:
                     ("beanstalk-tls", "beanstalk_tls", self._beanstalk_tls_connection),
                     ("nats", "nats", self._nats_connection),
                     ("nats-route", "nats_route", self.cluster.accept),
+                    ("rocketmq", "rocketmq", self._rocketmq_connection),
                 ):
                     address = self.settings.address(setting)
                     if address is not None:
@@ -301,6 +321,8 @@ class Gateway:
                             nursery, protocol, address, serve_tcp, protocol, handle, limits
                         )
                         self._announce(protocol, [_bound_address(lst) for lst in listeners])
+                        if protocol == "rocketmq":
+                            self.rocketmq.advertised = self._rocketmq_advertised()
                 # after the others: /info and /lookup report their ports
                 address = self.settings.address("http")
                 if address is not None:
@@ -348,6 +370,7 @@ class Gateway:
             "nats": self._refuse_nats,
             "nats-route": self._refuse_silently,
             "beanstalk-tls": self._refuse_silently,  # no TLS session yet to answer in
+            "rocketmq": self._refuse_silently,  # a remoting reply needs a request to answer
         }
         counter = self.metrics.connections_refused
         lim = self.settings.limits
@@ -400,6 +423,26 @@ class Gateway:
 
     async def _nats_connection(self, stream: trio.SocketStream, remote: str) -> None:
         await NATSClientSession(self.nats, stream, remote).run()
+
+    async def _rocketmq_connection(self, stream: trio.SocketStream, remote: str) -> None:
+        await RocketMQSession(self.rocketmq, stream, remote).run()
+
+    def _rocketmq_advertised(self) -> tuple[str, int]:
+        """What routes and message ids name: the setting, else the bound address (an
+        unspecified or IPv6 bind address falls back to 127.0.0.1, with a warning)."""
+        advertise = self.settings.rocketmq_broker.advertise
+        if advertise:
+            return parse_address(advertise)
+        host, port = self.addresses["rocketmq"]
+        if host in ("0.0.0.0", "::") or ":" in host:
+            log.warning(
+                "rocketmq listener %s: set rocketmq_broker.advertise to the IPv4 address "
+                "clients dial; routes name 127.0.0.1:%d meanwhile",
+                format_address(host, port),
+                port,
+            )
+            return "127.0.0.1", port
+        return host, port
 
     def _announce(self, protocol: str, bound: list[tuple[str, int]]) -> None:
         self.addresses[protocol] = bound[0]

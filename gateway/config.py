@@ -27,11 +27,9 @@ from gateway.config_guard import (
     TLSSettings,
     _Section,
 )
+from gateway.config_rocketmq import RocketMQSettings
 
 OFF = "off"
-# Listeners that this build does not have yet: their setting exists so scripts can say
-# `--rocketmq off`, and anything but "off" is refused rather than silently ignored.
-NOT_YET_BUILT = ("rocketmq",)
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -241,7 +239,7 @@ class Settings(_Section):
     nats_route: str = "127.0.0.1:6222"
     nats_routes: list[str] = Field(default_factory=list)
     nats_cluster: str | None = None
-    rocketmq: str = OFF
+    rocketmq: str = "127.0.0.1:9876"
     tls_cert: str | None = None
     tls_key: str | None = None
     nsqd: NSQDSettings = Field(default_factory=NSQDSettings)
@@ -263,6 +261,8 @@ class Settings(_Section):
     def _http_table(cls, data: Any) -> Any:
         return split_http_table(data) if isinstance(data, Mapping) else data
 
+    rocketmq_broker: RocketMQSettings = Field(default_factory=RocketMQSettings)
+
     @field_validator("store")
     @classmethod
     def _store(cls, value: str | None) -> str | None:
@@ -272,18 +272,11 @@ class Settings(_Section):
             check_store_url(value)
         return value
 
-    @field_validator("nsq", "http", "beanstalk", "beanstalk_tls", "nats", "nats_route")
+    @field_validator("nsq", "http", "beanstalk", "beanstalk_tls", "nats", "nats_route", "rocketmq")
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:
             parse_address(value)
-        return value
-
-    @field_validator(*NOT_YET_BUILT)
-    @classmethod
-    def _not_built(cls, value: str) -> str:
-        if value != OFF:
-            raise ValueError("this build has no such listener yet; only 'off' is accepted")
         return value
 
     @field_validator("log_level", mode="before")
@@ -349,6 +342,7 @@ _SECTIONS = {
     "limits": LimitsSettings,
     "http": HTTPSettings,  # GATEWAY_HTTP__AUTH_TOKEN; GATEWAY_HTTP alone is the address
     "tls": TLSSettings,  # GATEWAY_TLS__CLIENT_CA; GATEWAY_TLS_CERT is the top-level tls_cert
+    "rocketmq_broker": RocketMQSettings,
 }
 
 

@@ -233,7 +233,9 @@ class QueuedWriter:
     _fd: int | None
     _out: list[bytes]
     _pending: int  # bytes queued, for the session's slow-consumer bound
-    _buffered: Buffered  # the same bytes, counted with every other connection's
+    # the same bytes, counted with every other connection's of its listener; a session
+    # whose protocol sets no such bound shares this uncounted one
+    _buffered: Buffered = Buffered(limit=1 << 62, share=1 << 62)
     _sending: bool
     _wake: trio.Event
     _cancel: trio.CancelScope

@@ -27,6 +27,7 @@ def settings(**overrides: Any) -> config.Settings:
         "beanstalk": "off",
         "nats": "off",
         "nats_route": "off",
+        "rocketmq": "off",
         "store": "memory://",
     }
     sections: dict[str, dict[str, Any]] = {}

@@ -23,6 +23,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ LISTENERS = {
     "GATEWAY_BEANSTALK": "beanstalk",
     "GATEWAY_NATS": "nats",
     "GATEWAY_NATS_ROUTE": "nats-route",
+    "GATEWAY_ROCKETMQ": "rocketmq",
 }
 STOP_WITHIN = 10.0  # seconds from SIGTERM to exit (issue 13)
 
@@ -221,6 +223,14 @@ def test_the_image_install_serves_on_every_listener_and_stops_on_sigterm(
         # a client CONNECT on the route port is refused, in the route protocol's words
         route = _exchange(ports["nats-route"], b'CONNECT {"lang":"python"}\r\n')
         assert route.startswith(b"-ERR"), route
+        # RocketMQ remoting: an unknown request code gets REQUEST_CODE_NOT_SUPPORTED (3)
+        # with the request's opaque
+        header = json.dumps({"code": 99999, "language": "JAVA", "version": 0, "opaque": 7,
+                             "flag": 0, "extFields": {}}).encode()  # fmt: skip
+        reply = _exchange(ports["rocketmq"], struct.pack(">ii", 4 + len(header), len(header))
+                          + header)  # fmt: skip
+        answer = json.loads(reply[8 : 8 + (struct.unpack(">i", reply[4:8])[0] & 0xFFFFFF)])
+        assert (answer["code"], answer["opaque"]) == (3, 7), answer
         base = f"http://127.0.0.1:{ports['http']}"
         for path in ("/health", "/ready", "/ping"):
             with urllib.request.urlopen(base + path, timeout=5) as reply:

@@ -66,6 +66,8 @@ async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> Non
         "off",
         "--nats-route",
         "off",
+        "--rocketmq",
+        "off",
         "--store",
         "memory://",
     )
@@ -123,6 +125,8 @@ async def test_off_disables_a_listener() -> None:
         "off",
         "--nats-route",
         "off",
+        "--rocketmq",
+        "off",
         "--store",
         "memory://",
         marker=b"ready:",
@@ -145,12 +149,14 @@ async def test_every_listener_reports_its_port() -> None:
         "127.0.0.1:0",
         "--nats-route",
         "127.0.0.1:0",
+        "--rocketmq",
+        "127.0.0.1:0",
         "--store",
         "memory://",
         marker=b"ready:",
     )
     try:
-        for name in ("nsq", "http", "beanstalk", "nats", "nats-route"):
+        for name in ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq"):
             assert f"{name}=127.0.0.1:" in line, line
         port = int(line.split("beanstalk=127.0.0.1:")[1].split(",")[0])
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -182,6 +188,8 @@ async def test_sigusr1_turns_on_beanstalkd_drain_mode() -> None:
         "--nats",
         "off",
         "--nats-route",
+        "off",
+        "--rocketmq",
         "off",
         "--store",
         "memory://",
@@ -254,13 +262,14 @@ def test_a_bad_flag_is_a_config_error() -> None:
     assert "config error: nsq:" in result.stderr
 
 
-@pytest.mark.parametrize("listener", ["nsq", "http", "nats-route"])
+@pytest.mark.parametrize("listener", ["nsq", "http", "nats-route", "rocketmq"])
 def test_a_port_in_use_is_one_line_and_exit_1(listener: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        flags = {name: "off" for name in ("nsq", "http", "beanstalk", "nats", "nats-route")}
+        names = ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq")
+        flags = {name: "off" for name in names}
         flags[listener] = f"127.0.0.1:{port}"
         argv = [item for name, value in flags.items() for item in (f"--{name}", value)]
         result = subprocess.run(

@@ -225,6 +225,8 @@ def gateway_argv(data_dir: Path, *extra: str) -> list[str]:
         "off",
         "--nats-route",
         "off",
+        "--rocketmq",
+        "off",
         *extra,
     ]
 

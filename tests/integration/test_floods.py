@@ -26,7 +26,7 @@ FLOOD = ROOT / "tests" / "clients" / "flood.py"
 def test_healthy_clients_keep_half_their_throughput_under_a_flood() -> None:
     argv = [sys.executable, "-m", "gateway", "serve", "--store", "memory://",
             "--nsq", "127.0.0.1:0", "--beanstalk", "127.0.0.1:0", "--nats", "127.0.0.1:0",
-            "--http", "off", "--nats-route", "off"]  # fmt: skip
+            "--http", "off", "--nats-route", "off", "--rocketmq", "off"]  # fmt: skip
     gateway = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     assert gateway.stderr is not None
     log: list[str] = []

@@ -262,6 +262,8 @@ async def test_redis_unreachable_at_start_is_one_line_and_exit_1(tmp_path: Path)
                 "off",
                 "--nats-route",
                 "off",
+                "--rocketmq",
+                "off",
             ],
             capture_stdout=True,
             capture_stderr=True,

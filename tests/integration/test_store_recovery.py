@@ -25,7 +25,7 @@ async def start(data_dir: Path) -> tuple[trio.Process, dict[str, str], bytes]:
         [
             *(sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir)),
             *("--nsq", "127.0.0.1:0", "--http", "127.0.0.1:0", "--beanstalk", "off"),
-            *("--nats", "off", "--nats-route", "off"),
+            *("--nats", "off", "--nats-route", "off", "--rocketmq", "off"),
         ],
         stderr=subprocess.PIPE,
         cwd=REPO,

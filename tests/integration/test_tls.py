@@ -182,6 +182,7 @@ async def test_sighup_reloads_the_certificate(tmp_path: Path) -> None:
     new_ca.cert_pem.write_to_path(str(tmp_path / "new-ca.pem"))
     argv = [sys.executable, "-m", "gateway", "serve", "--store", "memory://",
             "--nsq", "off", "--beanstalk", "off", "--http", "off", "--nats-route", "off",
+            "--rocketmq", "off",
             "--nats", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:

@@ -13,6 +13,7 @@ value from another protocol the session must map first.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -108,6 +109,7 @@ def decode_properties(text: str) -> dict[str, str]:
 # -- hosts and message ids ----------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)  # per record on the pull path; few distinct hosts
 def ipv4_for_record(host: str) -> str:
     """The IPv4 address a v1 record can carry for `host` (notes 7.1).
 
@@ -124,6 +126,7 @@ def ipv4_for_record(host: str) -> str:
     return str(address)
 
 
+@functools.lru_cache(maxsize=4096)
 def _ipv4_packed(host: str) -> bytes:
     try:
         return ipaddress.IPv4Address(host).packed

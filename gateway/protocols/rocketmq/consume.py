@@ -1,0 +1,327 @@
+"""Consumers: heartbeats and membership, offsets, and PULL_MESSAGE with long polling.
+
+A consumer group's queues and offsets are its feeds' (feed.py). Membership is the
+server's: the clientIDs heartbeats name, tied to their connection (a closed connection
+leaves its groups at once, as the Java broker's channel listener does).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.protocols.rocketmq import requests as rq
+from gateway.protocols.rocketmq.codec import ResponseCode, encode_response
+from gateway.protocols.rocketmq.codes import (
+    PULL_COMMIT_OFFSET,
+    PULL_SUBSCRIPTION,
+    PULL_SUSPEND,
+    RequestCode,
+)
+from gateway.protocols.rocketmq.events import Request
+from gateway.protocols.rocketmq.feed import GroupFeed, PullResult
+from gateway.protocols.rocketmq.mapping import (
+    Subscription,
+    parse_subscription,
+    valid_group,
+    valid_topic,
+)
+
+if TYPE_CHECKING:
+    from gateway.protocols.rocketmq.server import RocketMQServer
+
+_PULL_CODES = {
+    "found": (ResponseCode.SUCCESS, "FOUND"),
+    "none": (ResponseCode.PULL_NOT_FOUND, "NO_NEW_MESSAGE"),
+    "retry": (ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE"),
+    "moved": (ResponseCode.PULL_OFFSET_MOVED, "OFFSET_MOVED"),
+}
+MAX_PULL_COUNT = 1024  # a pull's maxMsgNums is capped to this (ali-ons and Java ask 32)
+# Pulls one connection may have held at once (clients hold one per queue they own); past
+# it a pull with nothing to return is answered PULL_NOT_FOUND at once.
+MAX_HELD = 1024
+
+
+def _version(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+class ConsumeRequests:
+    """The consumer half of RocketMQSession (mixed in; the session sets these attributes)."""
+
+    server: RocketMQServer
+    remote: str
+    registered: set[tuple[str, str]]
+    held_pulls: int
+
+    def ok(
+        self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
+    ) -> bytes:
+        raise NotImplementedError  # pragma: no cover - the session's
+
+    def error(self, request: Request, code: int, remark: str) -> bytes:
+        raise NotImplementedError  # pragma: no cover - the session's
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        raise NotImplementedError  # pragma: no cover - the session's
+
+    def notify(self, code: int, ext: dict[str, object]) -> None:
+        raise NotImplementedError  # pragma: no cover - the session's
+
+    def spawn(self, task: Any) -> None:
+        raise NotImplementedError  # pragma: no cover - the session's
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def _heartbeat(self, request: Request) -> bytes:
+        try:
+            data = json.loads(request.body.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat body is not JSON")
+        if not isinstance(data, dict):
+            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat body is not a map")
+        client_id = data.get("clientID")
+        if not isinstance(client_id, str) or not client_id:
+            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat without clientID")
+        consumers = data.get("consumerDataSet") or []
+        for consumer in consumers if isinstance(consumers, list) else []:
+            if isinstance(consumer, dict):
+                self._register(client_id, consumer)
+        return self.ok(request)
+
+    def _register(self, client_id: str, consumer: dict[str, Any]) -> None:
+        group = consumer.get("groupName")
+        if not isinstance(group, str) or not valid_group(group):
+            return
+        subscriptions = consumer.get("subscriptionDataSet") or []
+        for sub in subscriptions if isinstance(subscriptions, list) else []:
+            if not isinstance(sub, dict):
+                continue
+            topic = sub.get("topic")
+            if not isinstance(topic, str) or not valid_topic(topic):
+                continue
+            feed = self.server.feed(topic, group)
+            expression = sub.get("subString")
+            self._subscribe(
+                feed,
+                parse_subscription(
+                    expression if isinstance(expression, str) else "*",
+                    _version(sub.get("subVersion")),
+                ),
+            )
+        self.registered.add((group, client_id))
+        if self.server.join(group, client_id, self):  # type: ignore[arg-type]
+            self._members_changed(group)
+
+    @staticmethod
+    def _subscribe(feed: GroupFeed, subscription: Subscription) -> None:
+        if subscription.version >= feed.subscription.version:
+            feed.subscription = subscription
+
+    def _members_changed(self, group: str) -> None:
+        """NOTIFY_CONSUMER_IDS_CHANGED to the group's other clients: Java rebalances at
+        once (ali-ons ignores it and rebalances on its 10 s timer)."""
+        for session in self.server.sessions_of(group):
+            if session is not self:
+                session.notify(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+
+    def _unregister(self, request: Request) -> bytes:
+        client_id = request.ext_fields.get("clientID", "")
+        group = request.ext_fields.get("consumerGroup", "")
+        if group:
+            self.registered.discard((group, client_id))
+            if self.server.leave(group, client_id):
+                self._members_changed(group)
+        return self.ok(request)
+
+    def _leave_all(self) -> None:
+        for group, client_id in self.registered:
+            if self.server.members.get(group, {}).get(client_id) is not None:
+                member = self.server.members[group][client_id]
+                if member.session is self and self.server.leave(group, client_id):
+                    self._members_changed(group)
+        self.registered.clear()
+
+    def _consumer_list(self, request: Request) -> bytes:
+        group = rq.text(request, "consumerGroup")
+        ids = self.server.client_ids(group)
+        if not ids:
+            return self.error(
+                request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group[:260]}"
+            )
+        body = json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode()
+        return self.ok(request, body=body)
+
+    def _lock(self, request: Request) -> bytes:
+        """LOCK_BATCH_MQ (orderly consumers): every queue asked for is granted. Order within
+        a queue holds as long as one client of the group pulls it, which the clients'
+        rebalancing already ensures."""
+        try:
+            data = json.loads(request.body.decode("utf-8", "replace"))
+            queues = data.get("mqSet", []) if isinstance(data, dict) else []
+        except (ValueError, RecursionError):
+            queues = []
+        body = json.dumps({"lockOKMQSet": queues}, separators=(",", ":")).encode()
+        return self.ok(request, body=body)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def _queue_feed(self, request: Request) -> tuple[GroupFeed | None, int]:
+        topic = rq.topic(request)
+        group = rq.group(request, "consumerGroup")
+        queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
+        return self.server.existing_feed(topic, group), queue_id
+
+    def _query_offset(self, request: Request) -> bytes:
+        feed, queue_id = self._queue_feed(request)
+        if feed is None:
+            return self.error(
+                request,
+                ResponseCode.QUERY_NOT_FOUND,
+                "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+            )
+        # The oldest entry not acknowledged: every pulled but uncommitted message is
+        # pulled again by whoever takes the queue over (at least once).
+        return self.ok(request, {"offset": feed.queues[queue_id].min_offset})
+
+    def _update_offset(self, request: Request) -> bytes:
+        feed, queue_id = self._queue_feed(request)
+        offset = rq.integer(request, "commitOffset")
+        # ali-ons commits -1 for queues it has not consumed from (notes 4.3)
+        if feed is not None and offset >= 0:
+            feed.commit(queue_id, offset)
+        return self.ok(request)
+
+    def _offsets(self, request: Request) -> list[tuple[GroupFeed, int]]:
+        """The queue in every group's feed of the topic (these requests name no group)."""
+        topic = rq.topic(request)
+        queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
+        return [(feed, queue_id) for feed in self.server.topic_feeds(topic)]
+
+    def _max_offset(self, request: Request) -> bytes:
+        logs = [feed.queues[q] for feed, q in self._offsets(request)]
+        return self.ok(request, {"offset": max((lg.next_offset for lg in logs), default=0)})
+
+    def _min_offset(self, request: Request) -> bytes:
+        logs = [feed.queues[q] for feed, q in self._offsets(request)]
+        return self.ok(request, {"offset": min((lg.min_offset for lg in logs), default=0)})
+
+    def _search_offset(self, request: Request) -> bytes:
+        timestamp = rq.integer(request, "timestamp")
+        logs = [feed.queues[q] for feed, q in self._offsets(request)]
+        offsets = [lg.offset_at(timestamp) for lg in logs]
+        return self.ok(request, {"offset": min(offsets, default=0)})
+
+    def _earliest_time(self, request: Request) -> bytes:
+        stamps = [
+            feed.queues[q].entries[0].message.timestamp // 1_000_000
+            for feed, q in self._offsets(request)
+            if feed.queues[q].entries
+        ]
+        return self.ok(request, {"timestamp": min(stamps, default=0)})
+
+    # -- PULL_MESSAGE -------------------------------------------------------------------------
+
+    def _pull(self, request: Request) -> bytes | None:
+        server = self.server
+        topic = rq.topic(request)
+        group = rq.group(request, "consumerGroup")
+        queue_id = rq.queue_id(request, topic, server.queue_count(topic))
+        offset = rq.integer(request, "queueOffset")
+        count = max(1, min(rq.integer(request, "maxMsgNums", 32), MAX_PULL_COUNT))
+        sys_flag = rq.integer(request, "sysFlag", 0)
+        kind = request.ext_fields.get("expressionType", "TAG")
+        if kind.upper() != "TAG":
+            return self.error(
+                request,
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                f"the gateway filters by tag only, not by {kind[:20]}",
+            )
+        if sys_flag & PULL_SUBSCRIPTION:
+            feed = server.feed(topic, group)
+            self._subscribe(
+                feed,
+                parse_subscription(
+                    request.ext_fields.get("subscription"),
+                    rq.integer(request, "subVersion", 0),
+                ),
+            )
+            subscription = parse_subscription(request.ext_fields.get("subscription"))
+        else:
+            # Java's default: the subscription is the group's latest heartbeat's (notes 4.2)
+            existing = server.existing_feed(topic, group)
+            if existing is None:
+                return self.error(
+                    request,
+                    ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                    f"the consumer's subscription not exist, group: {group}, topic: {topic}",
+                )
+            feed = existing
+            subscription = feed.subscription
+        if sys_flag & PULL_COMMIT_OFFSET:
+            commit = rq.integer(request, "commitOffset", -1)
+            if commit >= 0:
+                feed.commit(queue_id, commit)
+        result = feed.pull(queue_id, offset, count, subscription)
+        if result.status == "none" and sys_flag & PULL_SUSPEND and self.held_pulls < MAX_HELD:
+            suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
+            hold = min(max(suspend, 0.0), server.max_suspend)
+            if hold > 0:
+                until = trio.current_time() + hold
+                self.spawn(
+                    lambda: self._hold(request, feed, queue_id, offset, count, subscription, until)
+                )
+                return None
+        return self._pull_answer(request, feed, queue_id, result)
+
+    async def _hold(
+        self,
+        request: Request,
+        feed: GroupFeed,
+        queue_id: int,
+        offset: int,
+        count: int,
+        subscription: Subscription,
+        until: float,
+    ) -> None:
+        """A long poll: answered when its queue gets a message, or at `until` with
+        PULL_NOT_FOUND (every client pulls again at once)."""
+        log = feed.queues[queue_id]
+        result = PullResult("none", offset)
+        self.held_pulls += 1
+        try:
+            with trio.move_on_at(until):
+                while not feed.closed:
+                    wake = log.wake  # taken before the look, so no arrival is missed
+                    result = feed.pull(queue_id, offset, count, subscription)
+                    if result.status != "none":
+                        break
+                    await wake.wait()
+        finally:
+            self.held_pulls -= 1
+        self.send_frames([self._pull_answer(request, feed, queue_id, result)])
+
+    def _pull_answer(
+        self, request: Request, feed: GroupFeed, queue_id: int, result: PullResult
+    ) -> bytes:
+        code, remark = _PULL_CODES[result.status]
+        log = feed.queues[queue_id]
+        ext = {
+            "suggestWhichBrokerId": 0,
+            "nextBeginOffset": result.next_offset,
+            "minOffset": log.min_offset,
+            "maxOffset": log.next_offset,
+        }
+        return encode_response(
+            request.opaque,
+            code,
+            remark=remark,
+            ext_fields=ext,
+            body=b"".join(result.records),
+            serialize_type=request.serialize_type,
+        )

@@ -1,0 +1,244 @@
+"""One RocketMQ remoting connection: nameserver and broker requests, on the TCP shell.
+
+The reader parses every complete frame of one receive and answers them in order of
+arrival, except that answers to sends wait for one store flush (the group commit) and a
+pull with nothing to return is held in a task of its own until a message arrives in its
+queue or its suspend time runs out (a long poll must not block the other requests on the
+connection; clients match answers by opaque, in any order; notes 1). Output goes through
+tcp.QueuedWriter, the one writer every session uses.
+
+A framing error (negative or oversize length, header past the frame, undecodable header)
+closes the connection without an answer, as NettyDecoder does; any other bad request gets
+an error response with its opaque.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from gateway.protocols.rocketmq import requests as rq
+from gateway.protocols.rocketmq.codec import (
+    RemotingCodec,
+    ResponseCode,
+    encode_request,
+    encode_response,
+    not_supported,
+)
+from gateway.protocols.rocketmq.codes import RequestCode
+from gateway.protocols.rocketmq.consume import ConsumeRequests
+from gateway.protocols.rocketmq.events import ProtocolError, Request
+from gateway.protocols.rocketmq.mapping import valid_topic
+from gateway.protocols.rocketmq.produce import PendingSend, ProduceRequests
+from gateway.protocols.rocketmq.server import RocketMQServer
+from gateway.stores.base import StoreError
+from gateway.tcp import QueuedWriter, receive, socket_fd
+
+log = logging.getLogger("gateway.rocketmq")
+
+_RECEIVE_SIZE = 65536
+_BLOCKED_POLL = 0.01  # s between looks at a writer blocked by a peer that does not read
+PROTOCOL = "rocketmq"
+
+Answer = bytes | PendingSend | None
+
+
+class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
+    protocol = PROTOCOL
+
+    def __init__(self, server: RocketMQServer, stream: trio.abc.Stream, remote: str) -> None:
+        self.server = server
+        self.stream = stream
+        self.remote = remote
+        self.remote_host = remote.rsplit(":", 1)[0].strip("[]")
+        self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)
+        self.origin = f"{PROTOCOL} {remote}"
+        self.registered: set[tuple[str, str]] = set()  # (consumer group, clientID)
+        self._fd = socket_fd(stream)
+        self._out: list[bytes] = []
+        self._pending = 0
+        self._sending = False
+        self._wake = trio.Event()
+        self._cancel = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self.held_pulls = 0
+        self._next_opaque = 0  # for requests the gateway sends (NOTIFY_CONSUMER_IDS_CHANGED)
+        self._metrics = server.metrics
+        self._bytes_out = server.metrics.bytes_out.labels(PROTOCOL)
+        self._handlers: dict[int, Callable[[Request], Answer]] = {
+            RequestCode.SEND_MESSAGE_V2: self._send_message,
+            RequestCode.SEND_MESSAGE: self._send_message,
+            RequestCode.SEND_BATCH_MESSAGE: self._send_batch,
+            RequestCode.PULL_MESSAGE: self._pull,
+            RequestCode.QUERY_CONSUMER_OFFSET: self._query_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self._update_offset,
+            RequestCode.GET_MAX_OFFSET: self._max_offset,
+            RequestCode.GET_MIN_OFFSET: self._min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self._search_offset,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self._earliest_time,
+            RequestCode.HEART_BEAT: self._heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self._unregister,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self._consumer_list,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self._send_back,
+            RequestCode.LOCK_BATCH_MQ: self._lock,
+            RequestCode.UNLOCK_BATCH_MQ: self._ok,
+            RequestCode.CHECK_CLIENT_CONFIG: self._ok,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self._route,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self._cluster_info,
+        }
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = self.server
+        server.sessions.add(self)
+        m = self._metrics
+        m.connections.labels(PROTOCOL).inc()
+        m.connections_total.labels(PROTOCOL).inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                self._nursery = nursery
+                nursery.start_soon(self._writer)
+                await self._reader()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._fd = None  # never write to a descriptor number that may be reused
+            server.sessions.discard(self)
+            self._leave_all()
+            m.connections.labels(PROTOCOL).dec()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    def close(self) -> None:
+        self._cancel.cancel()
+
+    async def _reader(self) -> None:
+        bytes_in = self._metrics.bytes_in.labels(PROTOCOL)
+        limit = self.server.max_output_bytes
+        while True:
+            # the peer does not read its answers: neither do we read its requests, until
+            # what waits is written (the writer may be blocked in a send right now)
+            while self._pending > limit and self._sending:
+                await trio.sleep(_BLOCKED_POLL)
+            if self._pending > limit:
+                await self._flush()
+            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            if not data:
+                return
+            bytes_in.inc(len(data))
+            self.codec.receive_data(data)
+            if not await self._process():
+                await self._flush()
+                return
+
+    async def _process(self) -> bool:
+        """Answer every complete frame; False when the stream cannot be read further."""
+        answers: list[bytes] = []
+        sends: list[PendingSend] = []
+        keep_open = True
+        for event in self.codec.events():
+            if event.__class__ is Request:
+                answer = self._answer(event)  # type: ignore[arg-type]
+                if answer is None:
+                    continue
+                if answer.__class__ is PendingSend:
+                    sends.append(answer)  # type: ignore[arg-type]
+                else:
+                    answers.append(answer)  # type: ignore[arg-type]
+            elif event.__class__ is ProtocolError:
+                self._metrics.protocol_error(PROTOCOL, "FRAME")
+                log.info("rocketmq connection from %s closed: %s", self.remote, event.reason)  # type: ignore[union-attr]
+                keep_open = False
+            # a Response answers a request the gateway sent; nothing waits for it
+        if sends:
+            try:
+                await self.server.broker.flush()
+            except StoreError as exc:
+                answers += [self._store_failed(send, exc) for send in sends]
+            else:
+                answers += [send.frame for send in sends]
+        if answers:
+            self.send_frames(answers)
+        return keep_open
+
+    def _answer(self, request: Request) -> Answer:
+        handler = self._handlers.get(request.code)
+        if handler is None:
+            self._metrics.protocol_error(PROTOCOL, "REQUEST_CODE_NOT_SUPPORTED")
+            return None if request.oneway else not_supported(request)
+        try:
+            answer = handler(request)
+        except rq.BadRequest as exc:
+            answer = self.error(request, exc.code, exc.remark)
+        except StoreError as exc:
+            answer = self.error(
+                request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
+            )
+        return None if request.oneway else answer
+
+    def error(self, request: Request, code: int, remark: str) -> bytes:
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = str(code)
+        self._metrics.protocol_error(PROTOCOL, name)
+        return encode_response(
+            request.opaque, code, remark=remark, serialize_type=request.serialize_type
+        )
+
+    def ok(
+        self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
+    ) -> bytes:
+        return encode_response(
+            request.opaque, ext_fields=ext, body=body, serialize_type=request.serialize_type
+        )
+
+    def _store_failed(self, send: PendingSend, exc: StoreError) -> bytes:
+        return self.error(
+            send.request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
+        )
+
+    # -- output -------------------------------------------------------------------------------
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Queue frames and write them now if the socket takes them (from any task)."""
+        self._out.extend(frames)
+        self._pending += sum(len(f) for f in frames)
+        if self._sending:
+            return  # the writer in progress sends them after its current write
+        self._write_queued()
+
+    def notify(self, code: int, ext: dict[str, object]) -> None:
+        """A oneway request to the client (NOTIFY_CONSUMER_IDS_CHANGED)."""
+        self._next_opaque += 1
+        self.send_frames([encode_request(code, self._next_opaque, ext_fields=ext, oneway=True)])
+
+    def spawn(self, task: Callable[[], object]) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(task)  # type: ignore[arg-type]
+
+    # -- nameserver ---------------------------------------------------------------------------
+
+    def _route(self, request: Request) -> bytes:
+        topic = request.ext_fields.get("topic", "")
+        # A route for any valid name: ali-ons never falls back to TBW102 and fails a send
+        # at once on TOPIC_NOT_EXIST (notes 4.1). TBW102 is Java's template topic, which a
+        # real nameserver does not know either.
+        if not valid_topic(topic) or topic == "TBW102":
+            return self.error(
+                request,
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"No topic route info in name server for the topic: {topic[:140]}",
+            )
+        return self.ok(request, body=self.server.route(topic))
+
+    def _cluster_info(self, request: Request) -> bytes:
+        return self.ok(request, body=self.server.cluster_info())
+
+    def _ok(self, request: Request) -> bytes:
+        return self.ok(request)

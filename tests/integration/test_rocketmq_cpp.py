@@ -1,0 +1,121 @@
+"""PyPI `rocketmq` 0.4.4 (the RocketMQ C++ client, rocketmq-client-cpp in a manylinux
+x86_64 wheel) against the gateway: a second real client, with its own dialect (language
+CPP, SEND_MESSAGE 10 with long field names, mixed-type extFields, numeric enums in
+heartbeats, a bare CONSUMER_SEND_MSG_BACK)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.app import Gateway
+from tests.clients import alions
+from tests.clients.harness import CLIENTS_DIR
+from tests.helpers import running_gateway
+
+pytestmark = [
+    pytest.mark.clients,
+    pytest.mark.skipif(
+        platform.machine() != "x86_64" or sys.platform != "linux",
+        reason="the rocketmq 0.4.4 wheel bundles an x86_64 Linux library only",
+    ),
+]
+
+SCRIPT = CLIENTS_DIR / "rocketmq_cpp_client.py"
+
+
+def rocketmq_gateway():  # type: ignore[no-untyped-def]
+    return running_gateway(
+        nsq="off", rocketmq="127.0.0.1:0", rocketmq_broker__delay_levels=[0.2] * 18
+    )
+
+
+async def cpp(
+    mode: str, options: dict[str, Any], home: Path, timeout: float = 60
+) -> list[dict[str, Any]]:
+    """Run the C++ client script to completion; its JSON lines."""
+    env = dict(os.environ, HOME=str(home))  # it writes its logs under ~/logs/rocketmq-cpp
+    with trio.fail_after(timeout):
+        done = await trio.run_process(
+            [sys.executable, str(SCRIPT), mode, json.dumps(options)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
+    assert done.returncode == 0, (
+        f"{mode} exited {done.returncode}: {lines}\n{done.stderr.decode()[-3000:]}"
+    )
+    return lines
+
+
+def address(gw: Gateway) -> str:
+    return alions.name_server(gw)
+
+
+async def test_cpp_produce_consume_tags_keys_and_retry(tmp_path: Path) -> None:
+    async with rocketmq_gateway() as gw:
+        sent = await cpp(
+            "produce",
+            {
+                "nameSrv": address(gw),
+                "topic": "C1",
+                "messages": [
+                    {"body": b"one".hex(), "tag": "TagA", "keys": "k1 k2"},
+                    {"body": b"filtered".hex(), "tag": "TagB"},
+                    {"body": b"two".hex(), "tag": "TagA"},
+                ],
+            },
+            tmp_path,
+        )
+        got = await cpp(
+            "consume",
+            {
+                "nameSrv": address(gw),
+                "topic": "C1",
+                "group": "GID_cpp",
+                "expression": "TagA",
+                "count": 2,
+                "retryFirst": True,
+            },
+            tmp_path,
+        )
+    sends = [e for e in sent if e["event"] == "sent"]
+    assert [e["status"] for e in sends] == [0, 0, 0]  # SEND_OK
+    messages = [e for e in got if e["event"] == "message"]
+    firsts = sorted(bytes.fromhex(m["body"]) for m in messages if m["reconsumeTimes"] == 0)
+    retries = sorted(bytes.fromhex(m["body"]) for m in messages if m["reconsumeTimes"] == 1)
+    assert firsts == retries == [b"one", b"two"]
+    one = next(m for m in messages if m["body"] == b"one".hex())
+    assert (one["topic"], one["tags"], one["keys"]) == ("C1", "TagA", "k1 k2")
+
+
+async def test_cpp_producer_to_alions_consumer_with_a_compressed_body(tmp_path: Path) -> None:
+    """The C++ client compresses bodies of 4 KB and more as ali-ons does; either way the
+    other client gets the bytes sent."""
+    big = os.urandom(4096).hex().encode()
+    async with rocketmq_gateway() as gw, trio.open_nursery() as nursery:
+        await cpp(
+            "produce",
+            {
+                "nameSrv": address(gw),
+                "topic": "C2",
+                "messages": [{"body": big.hex(), "tag": "Big"}, {"body": b"small".hex()}],
+            },
+            tmp_path,
+        )
+        consumer = await alions.start(
+            nursery, "consume", alions.consumer_options(gw, "C2", "GID_mixed", 2)
+        )
+        assert await consumer.wait() == 0
+    assert sorted(alions.unb64(m["body"]) for m in consumer.of("message")) == sorted(
+        [big, b"small"]
+    )
