@@ -78,6 +78,7 @@ class Gateway:
     ssl_context: ssl.SSLContext | None = None  # NSQ's (the IDENTIFY upgrade)
     # the certificate files and every context showing them (SIGHUP reloads them)
     certificates: Certificates | None = field(default=None, init=False)
+    listener_certificates: list[Certificates] = field(default_factory=list, init=False)
     nats_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     http_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     beanstalk_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
@@ -103,20 +104,15 @@ class Gateway:
         if self.store is None:
             wait = s.store_wait if s.store_wait is not None else float("inf")
             self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync, wait=wait)
-        t = s.tls_settings
         self.certificates = (
             Certificates(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
         )
-        client_ca = t.client_ca if t.verify else None
-        if self.ssl_context is None and self.certificates and "nsq" in t.listeners:
-            self.ssl_context = self.certificates.server_context()
-        self.nats_ssl_context = self.http_ssl_context = None
-        if self.certificates and "nats" in t.listeners:
-            self.nats_ssl_context = self.certificates.server_context(client_ca)
-        if self.certificates and "http" in t.listeners:
-            self.http_ssl_context = self.certificates.server_context(client_ca)
-        if self.certificates and s.beanstalk_tls != "off":
-            self.beanstalk_ssl_context = self.certificates.server_context(client_ca)
+        if self.ssl_context is None:
+            self.ssl_context = self._listener_tls("nsq", verifies=False)
+        self.nats_ssl_context = self._listener_tls("nats")
+        self.http_ssl_context = self._listener_tls("http")
+        if s.beanstalk_tls != "off":
+            self.beanstalk_ssl_context = self._listener_tls("beanstalk")
         self.archive = self._archive()
         self.broker = Broker(
             self.store,
@@ -155,7 +151,7 @@ class Gateway:
             password=n.password,
             token=n.token,
             ssl_context=self.nats_ssl_context,
-            tls_verify=s.tls_settings.verify,
+            tls_verify=s.tls_settings.for_listener("nats")[2] is not None,
             tls_timeout=n.tls_timeout,
             auth_timeout=n.auth_timeout,
             users={u.user: (u.password, _permissions(u.permissions)) for u in n.users},
@@ -179,6 +175,26 @@ class Gateway:
             broker_name=r.broker_name,
             cluster_name=r.cluster_name,
         )
+
+    def _listener_tls(self, name: str, *, verifies: bool = True) -> ssl.SSLContext | None:
+        """A listener's server context: its [tls.<name>] pair if it has one, else the
+        shared certificate when `tls.listeners` names it (beanstalkd TLS always)."""
+        t = self.settings.tls_settings
+        cert, key, ca = t.for_listener(name)
+        ca = ca if verifies else None
+        if cert is not None and key is not None:
+            own = Certificates(cert, key)
+            self.listener_certificates.append(own)
+            return own.server_context(ca)
+        if self.certificates is not None and (name in t.listeners or name == "beanstalk"):
+            return self.certificates.server_context(ca)
+        return None
+
+    def reload_certificates(self) -> None:
+        """SIGHUP: every certificate pair read again into the contexts that show it."""
+        for certs in [self.certificates, *self.listener_certificates]:
+            if certs is not None:
+                certs.reload()
 
     def _archive(self) -> Archive | None:
         a = self.settings.archive

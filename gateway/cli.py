@@ -105,8 +105,8 @@ async def _serve(gateway: Gateway) -> None:
                     # a renewed certificate: new connections get it, open ones keep theirs.
                     # On the event loop, not a thread: an SSLContext must not change
                     # while a handshake reads it, and two small files are read at once.
-                    if gateway.certificates is not None:
-                        gateway.certificates.reload()
+                    if gateway.certificates is not None or gateway.listener_certificates:
+                        gateway.reload_certificates()
                     else:
                         log.info("signal SIGHUP: no TLS certificate to reload")
                     continue

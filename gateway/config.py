@@ -288,8 +288,11 @@ class Settings(_Section):
     def _consistent(self) -> Settings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together")
-        if self.beanstalk_tls != OFF and self.tls_cert is None:
-            raise ValueError("beanstalk_tls needs a certificate (tls_cert and tls_key)")
+        own = self.tls_settings.beanstalk
+        if self.beanstalk_tls != OFF and self.tls_cert is None and (own is None or not own.cert):
+            raise ValueError(
+                "beanstalk_tls needs a certificate (tls_cert and tls_key, or [tls.beanstalk])"
+            )
         return self
 
     @field_validator("nats_routes")

@@ -52,6 +52,22 @@ class NATSUser(_Section):
     permissions: NATSPermissions | None = None
 
 
+class ListenerTLS(_Section):
+    """`[tls.<listener>]`: this listener's own certificate or client verification, in
+    place of the shared ones (a public HTTPS certificate beside an internal one, say)."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+    verify: bool | None = None  # unset: the shared `verify`
+
+    @model_validator(mode="after")
+    def _pair(self) -> ListenerTLS:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together")
+        return self
+
+
 class TLSSettings(_Section):
     """The `[tls]` table: `cert` and `key` are the top-level `tls_cert` and `tls_key`
     (`--tls-cert`, `--tls-key`, GATEWAY_TLS_CERT); the rest is here."""
@@ -66,11 +82,32 @@ class TLSSettings(_Section):
         default_factory=lambda: ["nsq", "nats", "http"]
     )
 
+    # per-listener overrides: [tls.nsq], [tls.nats], [tls.http], [tls.beanstalk]
+    nsq: ListenerTLS | None = None
+    nats: ListenerTLS | None = None
+    http: ListenerTLS | None = None
+    beanstalk: ListenerTLS | None = None
+
     @model_validator(mode="after")
     def _verify_needs_ca(self) -> TLSSettings:
-        if self.verify and self.client_ca is None:
-            raise ValueError("verify needs a client_ca")
+        for name in ("", "nsq", "nats", "http", "beanstalk"):
+            o = getattr(self, name) if name else None
+            verify = self.verify if o is None or o.verify is None else o.verify
+            ca = (o.client_ca if o is not None else None) or self.client_ca
+            if verify and ca is None:
+                where = f"[tls.{name}] " if name else ""
+                raise ValueError(f"{where}verify needs a client_ca")
         return self
+
+    def for_listener(self, name: str) -> tuple[str | None, str | None, str | None]:
+        """(cert, key, client CA to require) of one listener: its override, else the
+        shared pair (passed in by the caller as None here) and settings."""
+        o: ListenerTLS | None = getattr(self, name)
+        verify = self.verify if o is None or o.verify is None else o.verify
+        ca = ((o.client_ca if o is not None else None) or self.client_ca) if verify else None
+        if o is not None and o.cert is not None:
+            return o.cert, o.key, ca
+        return None, None, ca
 
 
 class HTTPSettings(_Section):

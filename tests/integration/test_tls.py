@@ -247,3 +247,30 @@ async def test_beanstalkd_on_its_tls_port(pki: dict[str, str]) -> None:
     with pytest.raises(ValidationError, match="beanstalk_tls needs a certificate"):
         async with running_gateway(beanstalk_tls="127.0.0.1:0"):
             pass
+
+
+async def test_a_listener_with_its_own_certificate(pki: dict[str, str], tmp_path: Path) -> None:
+    """[tls.http] gives HTTPS a certificate of its own (another CA); NATS keeps the shared
+    one; `verify` can differ per listener too."""
+    other_ca = trustme.CA()
+    http_cert, http_key = issue(other_ca, tmp_path, "http")
+    other_ca.cert_pem.write_to_path(str(tmp_path / "other-ca.pem"))
+    async with running_gateway(
+        http="127.0.0.1:0", nats="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"],
+        tls_settings__http={"cert": http_cert, "key": http_key},
+        tls_settings__client_ca=pki["client_ca"],
+        tls_settings__nats={"verify": True},
+    ) as gw:  # fmt: skip
+        host, port = gw.addresses["http"]
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "other-ca.pem"))
+        async with httpx.AsyncClient(http2=True, verify=ctx) as client:
+            r = await client.get(f"https://{host}:{port}/ping")
+            assert r.status_code == 200  # HTTPS shows the other CA's certificate, no client cert
+        with pytest.raises(httpx.HTTPError):
+            shared = ssl.create_default_context(cafile=pki["ca"])
+            async with httpx.AsyncClient(verify=shared) as client:
+                await client.get(f"https://{host}:{port}/ping")
+        info, _ = await raw_nats_over_tls(
+            gw.addresses["nats"], pki["ca"], (pki["client_cert"], pki["client_key"])
+        )
+        assert info["tls_verify"] is True  # NATS alone requires client certificates
