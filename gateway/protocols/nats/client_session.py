@@ -120,7 +120,9 @@ class NATSClientSession(QueuedWriter):
                 await self._flush()
                 await self._reader()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            # the peer went away (a reset, most often), inside the nursery: normal, and
+            # nothing to log
             pass
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
