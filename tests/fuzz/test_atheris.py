@@ -35,6 +35,7 @@ def test_atheris_finds_no_failure(name: str, tmp_path: Path) -> None:
             name,
             f"-runs={RUNS}",
             "-seed=1",
+            "-timeout=30",  # one input taking longer has hung
             f"-artifact_prefix={tmp_path}/",
             str(corpus),
         ],
