@@ -164,9 +164,15 @@ class NSQServerCodec:
         """Bytes from the socket (still compressed, if a compression upgrade is on)."""
         if self._decode is not None:
             data = self._decode(data)
-        if self._pos and self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
+        if self._pos:
+            if self._pos == len(self._buf):
+                self._buf.clear()
+                self._pos = 0
+            elif self._pos > 65536:
+                # the session pulls with next_event: without this, a publisher whose reads
+                # end mid-frame would keep every byte it ever sent
+                del self._buf[: self._pos]
+                self._pos = 0
         self._buf += data
 
     def set_decoder(self, decode: Callable[[bytes], bytes]) -> None:
