@@ -43,7 +43,10 @@ def _go_duration_ms(raw: str) -> int | None:
     arithmetic does; None when ParseInt fails."""
     if _GO_INT.fullmatch(raw) is None:
         return None
-    value = int(raw)
+    digits = raw.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 19:
+        return None  # past int64 whatever the digits; int() would refuse thousands of them
+    value = -int(digits) if raw[0] == "-" else int(digits)
     if not -_INT64 <= value < _INT64:
         return None
     return (value * _MS + _INT64) % (2 * _INT64) - _INT64

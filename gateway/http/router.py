@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from gateway.http.gocompat import QueryError, go_json, parse_query
 from gateway.metrics import Metrics
 from gateway.stores.base import StoreError
@@ -188,7 +190,12 @@ class Router:
             response = await self._dispatch(request)
         except ClientGone:
             return
-        await response.send(send, head=request.method == "HEAD")
+        try:
+            await response.send(send, head=request.method == "HEAD")
+        except trio.BusyResourceError:
+            # The client reset while we answered: hypercorn, closing the connection, is
+            # in the socket's send_eof when our send reaches it. The client is gone.
+            return
 
     async def _dispatch(self, request: Request) -> Response:
         method, path = request.method, request.path

@@ -349,7 +349,10 @@ class NATSClientSession(QueuedWriter):
         if self.no_responders and not self.headers:
             self._error("no responders requires headers support")
             return False
-        self.name = str(option(options, "name", ""))
+        name = option(options, "name", "")
+        # str() of a deeply nested JSON value raises RecursionError; nats-server reads the
+        # field as a string anyway
+        self.name = name if isinstance(name, str) else ""
         self.connected = True
         return True
 

@@ -121,7 +121,9 @@ class RouteSession(QueuedWriter):
                 await self._reader()
                 await self._flush()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            # the peer went away (a reset, most often), inside the nursery: normal, and
+            # nothing to log
             pass
         finally:
             self._fd = None  # never write to a descriptor number that may be reused

@@ -100,13 +100,24 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+_UINT64 = 1 << 64
+_INT_DIGITS = 4000  # under Python's int_max_str_digits (4300): int() refuses longer strings
+
+
 def _base10(raw: bytes) -> int | None:
-    """nsqd's ByteToBase10: digits only; the empty string is 0."""
+    """nsqd's ByteToBase10: digits only; the empty string is 0; uint64 arithmetic, so a
+    longer number wraps around (a 16 KiB line holds thousands of digits)."""
     if not raw:
         return 0
     if not raw.isdigit():
         return None
-    return int(raw)
+    if len(raw) < 20:  # below 10**19 < 2**64: no wrap
+        return int(raw)
+    value = 0
+    for start in range(0, len(raw), _INT_DIGITS):
+        part = raw[start : start + _INT_DIGITS]
+        value = (value * 10 ** len(part) + int(part)) % _UINT64
+    return value
 
 
 # What the codec is waiting for after a command line that has a body.
@@ -153,9 +164,15 @@ class NSQServerCodec:
         """Bytes from the socket (still compressed, if a compression upgrade is on)."""
         if self._decode is not None:
             data = self._decode(data)
-        if self._pos and self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
+        if self._pos:
+            if self._pos == len(self._buf):
+                self._buf.clear()
+                self._pos = 0
+            elif self._pos > 65536:
+                # the session pulls with next_event: without this, a publisher whose reads
+                # end mid-frame would keep every byte it ever sent
+                del self._buf[: self._pos]
+                self._pos = 0
         self._buf += data
 
     def set_decoder(self, decode: Callable[[bytes], bytes]) -> None:

@@ -77,7 +77,9 @@ def _decode(body: bytes) -> dict[str, object]:
     decode_error = IdentifyError("E_BAD_BODY IDENTIFY failed to decode JSON body")
     try:
         raw = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: Python's parser gives up near 1000 levels of nesting, Go's at
+        # 10000; no client nests its IDENTIFY at all
         raise decode_error from None
     if raw is None:
         return {}
