@@ -9,8 +9,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,10 +23,13 @@ import greenstalk
 import nats
 import pyarrow.parquet as pq
 import pytest
+import trio
 
 from gateway.archive.events import EVENTS
-from gateway.pipeline import report
+from gateway.pipeline import replay, report
 from gateway.pipeline.session import start_session
+from gateway.pipeline.targets import Target
+from tests.helpers import running_gateway
 from tests.pipeline_support import spark_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,3 +245,175 @@ def test_report_on_a_standalone_cluster(traffic: Traffic, tmp_path: Path) -> Non
     assert lines[0].startswith("spark application app-"), lines  # a cluster's, not local-
     assert lines[-1] == f"report: {tmp_path / 'out' / 'report.html'}"
     check_report(tmp_path / "out", traffic)
+
+
+# -- replay -------------------------------------------------------------------------------
+
+
+def _worker(port: int, tube: str) -> greenstalk.Client:
+    return greenstalk.Client(("127.0.0.1", port), encoding=None, use=tube, watch=tube)
+
+
+def _drain(client: greenstalk.Client, expected: int) -> list[bytes]:
+    """`expected` jobs reserved and deleted, then proof that nothing else is ready."""
+    bodies = []
+    for _ in range(expected):
+        job = client.reserve(timeout=10)
+        bodies.append(job.body)
+        client.delete(job)
+    with pytest.raises(greenstalk.TimedOutError):
+        client.reserve(timeout=0)
+    return bodies
+
+
+async def _replay(spark: Any, traffic: Traffic, url: str, event: str = "buried") -> replay.Result:
+    options = replay.Options(traffic.archive, "jobs", event, Target.parse(url))
+    return await trio.to_thread.run_sync(replay.run, spark, options)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "listener"),
+    [("nsq", "nsq"), ("beanstalk", "beanstalk"), ("nats", "nats"), ("http", "http")],
+)
+async def test_replay_buried_messages_reach_a_beanstalk_worker(
+    spark: Any, traffic: Traffic, scheme: str, listener: str
+) -> None:
+    """The dead letters of tube `jobs`, replayed into a running gateway by each kind of
+    URL, are exactly what a beanstalkd worker of the target's tube reserves: byte-exact,
+    each once, nothing else."""
+    tube = f"replayed-{scheme}"
+    async with running_gateway(
+        beanstalk="127.0.0.1:0", nats="127.0.0.1:0", http="127.0.0.1:0"
+    ) as gw:
+        # the worker first: a NATS publish is kept only for a topic that exists
+        worker = await trio.to_thread.run_sync(_worker, gw.addresses["beanstalk"][1], tube)
+        try:
+            host, port = gw.addresses[listener]
+            result = await _replay(spark, traffic, f"{scheme}://{host}:{port}/{tube}")
+            assert (result.read, result.published, result.failed, result.error) == (2, 2, 0, "")
+            bodies = await trio.to_thread.run_sync(_drain, worker, 2)
+        finally:
+            worker.close()
+    assert sorted(bodies) == sorted(traffic.dead)
+
+
+async def test_replay_of_another_last_event(spark: Any, traffic: Traffic) -> None:
+    async with running_gateway(beanstalk="127.0.0.1:0") as gw:
+        worker = await trio.to_thread.run_sync(_worker, gw.addresses["beanstalk"][1], "acked")
+        try:
+            host, port = gw.addresses["nsq"]
+            result = await _replay(spark, traffic, f"nsq://{host}:{port}/acked", "acknowledged")
+            assert (result.read, result.published, result.failed) == (2, 2, 0)
+            bodies = await trio.to_thread.run_sync(_drain, worker, 2)
+        finally:
+            worker.close()
+    assert sorted(bodies) == [b"job-ack", b"job-release"]
+    # no message of `jobs` is only published: every one reached a worker
+    result = await _replay(spark, traffic, f"nsq://{host}:{port}/x", "published")
+    assert (result.read, result.published, result.failed) == (0, 0, 0)
+
+
+class ClosingListener:
+    """A TCP listener that accepts and closes at once: a target that takes no publish."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_cli_replay_to_a_target_that_takes_nothing(traffic: Traffic, tmp_path: Path) -> None:
+    """`gateway pipeline replay` through its own JVM: every failed publish is counted, the
+    exit status is 1, and the user sees one error line, no Java."""
+    listener = ClosingListener()
+    try:
+        result = gateway_pipeline(
+            "replay", "--archive", str(traffic.archive), "--topic", "jobs",
+            "--to", f"nsq://127.0.0.1:{listener.port}/jobs",
+            "--spark-log", str(tmp_path / "spark.log"),
+        )  # fmt: skip
+    finally:
+        listener.close()
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("spark application local-"), lines
+    assert lines[1:] == ["read 2, published 0, failed 2"]
+    [error] = result.stderr.splitlines()
+    assert error.startswith(f"error: 2 publishes to nsq://127.0.0.1:{listener.port}/jobs failed: ")
+    assert (tmp_path / "spark.log").exists()
+
+
+# -- bad input: one line, exit 1, before Spark starts ---------------------------------------
+
+
+def gateway_pipeline(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "pipeline", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )  # fmt: skip
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--archive", "{missing}"], "error: archive {missing}: no such directory"),
+        (["--archive", "{empty}"], "error: archive {empty}: no finished archive segments"),
+        (["--master", "spark:/x"], "error: --master 'spark:/x': not a Spark master URL"),
+        (["--master", "spark://127.0.0.1:{refused}"],
+         "error: --master spark://127.0.0.1:{refused}: cannot reach the Spark master"),
+        (["--since", "yesterday"], "error: --since 'yesterday': not a time"),
+        (["--since", "1h", "--until", "2h"], "error: --since 1h is not before --until 2h"),
+    ],
+)  # fmt: skip
+def test_report_bad_input(traffic: Traffic, tmp_path: Path, args: list[str], error: str) -> None:
+    (tmp_path / "empty" / "date=2026-01-01").mkdir(parents=True)
+    (tmp_path / "empty" / "date=2026-01-01" / ".part-1.parquet.inprogress").write_bytes(b"PAR1")
+    names = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "refused": _refused_port()}
+    argv = ["--archive", str(traffic.archive), "--out", str(tmp_path / "out")]
+    argv += [a.format(**names) for a in args]
+    result = gateway_pipeline("report", *argv)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(error.format(**names)), line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("to", "error"),
+    [
+        ("ftp://127.0.0.1:1/t", "error: --to 'ftp://127.0.0.1:1/t': the scheme must be one of"),
+        ("nsq://127.0.0.1/t", "error: --to 'nsq://127.0.0.1/t': needs a host and a port"),
+        ("nsq://127.0.0.1:4150/", "error: --to 'nsq://127.0.0.1:4150/': '' is not a valid topic"),
+        ("nats://127.0.0.1:1/a.*", "error: --to 'nats://127.0.0.1:1/a.*': 'a.*' is not a valid"),
+        ("beanstalk://127.0.0.1:{refused}/t",
+         "error: --to beanstalk://127.0.0.1:{refused}/t: cannot connect: Connection refused"),
+    ],
+)  # fmt: skip
+def test_replay_bad_input(traffic: Traffic, to: str, error: str) -> None:
+    refused = _refused_port()
+    result = gateway_pipeline(
+        "replay", "--archive", str(traffic.archive), "--topic", "jobs",
+        "--to", to.format(refused=refused),
+    )  # fmt: skip
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(error.format(refused=refused)), line
