@@ -19,7 +19,7 @@ SCHEMA_DDL = (
     "producer STRING, consumer STRING, peer STRING, size BIGINT, attempts INT, "
     "priority BIGINT, publish_ns BIGINT, body BINARY"
 )
-__all__ = ["EVENTS", "SCHEMA_DDL", "load_events"]
+__all__ = ["EVENTS", "SCHEMA_DDL", "ending_with", "load_events"]
 
 
 def load_events(
@@ -48,3 +48,28 @@ def load_events(
     if topic is not None:
         df = df.filter(F.col("topic").rlike(glob_regex(topic)))
     return df
+
+
+# Up to this many keys are sent to every executor (a broadcast join) to pick the rows of
+# the messages concerned; past it Spark joins by shuffling both sides.
+BROADCAST_KEYS = 2_000_000
+
+
+def ending_with(events: DataFrame, event: str, keys: list[str], columns: list[str]) -> DataFrame:
+    """Per `keys` (a message in a group, or a message), `keys` and `columns` of its last
+    row, where that row's event is `event`.
+
+    Only the messages that have an `event` row at all are grouped: they are picked first
+    (few, usually: dead letters), so the shuffle moves their rows, not the archive.
+    """
+    from pyspark.sql import functions as F
+
+    hits = events.filter(F.col("event") == event).select(*keys).distinct()
+    if hits.count() <= BROADCAST_KEYS:
+        hits = F.broadcast(hits)
+    rows = events.join(hits, keys, "left_semi")
+    fields = ["event", *(c for c in columns if c != "event")]
+    last = rows.groupBy(*keys).agg(F.max_by(F.struct(*fields), "time_ns").alias("last"))
+    return last.filter(F.col("last.event") == event).select(
+        *keys, *(F.col(f"last.{c}").alias(c) for c in columns)
+    )

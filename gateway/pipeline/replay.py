@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.archive.events import PUBLISHED
-from gateway.pipeline.events import load_events
+from gateway.pipeline.events import ending_with, load_events
 from gateway.pipeline.targets import Target, batches
 
 if TYPE_CHECKING:
@@ -54,16 +54,11 @@ def select(events: DataFrame, event: str) -> DataFrame:
     from pyspark.sql import functions as F
 
     if event == PUBLISHED:
-        keyed = events
-        keys = ["topic", "id"]
+        keyed, keys = events, ["topic", "id"]
     else:
-        keyed = events.filter(F.col("group") != "")
-        keys = ["topic", "group", "id"]
-    last = keyed.groupBy(*keys).agg(
-        F.max_by(F.struct("event", "body", "size"), "time_ns").alias("last")
-    )
-    chosen = last.filter(F.col("last.event") == event)
-    return chosen.select("topic", "id", "last.body", "last.size").dropDuplicates(["topic", "id"])
+        keyed, keys = events.filter(F.col("group") != ""), ["topic", "group", "id"]
+    chosen = ending_with(keyed, event, keys, ["body", "size"])
+    return chosen.select("topic", "id", "body", "size").dropDuplicates(["topic", "id"])
 
 
 def publish_partition(target: Target, rows: Iterable[Any]) -> Iterator[tuple[int, int, str]]:

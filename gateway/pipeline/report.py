@@ -19,16 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gateway.archive.events import ACKNOWLEDGED, BURIED, DELIVERED, EVENTS, PUBLISHED
-from gateway.pipeline.events import load_events
+from gateway.pipeline.events import ending_with, load_events
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -55,103 +57,123 @@ class Report:
         return self.tables[name].to_pylist()
 
 
-def _summary(F: Any, df: DataFrame) -> list[Column]:
-    """The aggregate columns every table has: events by kind, bytes, redeliveries,
-    latency percentiles (ms)."""
+# The tables, each one grouping set of one aggregation over the archive; the latency
+# percentiles, for all but `throughput`, of a second one over the acknowledgements.
+GROUPING_SETS = {
+    "by_topic": ("topic",),
+    "by_group": ("topic", "group"),
+    "by_hour": ("hour", "topic"),
+    "by_pair": ("producer", "consumer"),
+    "throughput": ("time", "topic"),
+}
+_KEYS = ("topic", "group", "hour", "producer", "consumer", "time")
+
+
+def _counts(F: Any) -> list[Column]:
+    """Events by kind, bytes published, redeliveries, first deliveries (the flow)."""
     event = F.col("event")
-    latency_ms = (F.col("time_ns") - F.col("publish_ns")) / 1e6
-    columns = [F.count(F.when(event == e, 1)).alias(e) for e in EVENTS]
-    columns += [
+    return [
+        *(F.count(F.when(event == e, 1)).alias(e) for e in EVENTS),
         F.coalesce(F.sum(F.when(event == PUBLISHED, F.col("size"))), F.lit(0)).alias("bytes"),
         F.count(F.when((event == DELIVERED) & (F.col("attempts") > 1), 1)).alias("redelivered"),
-        F.percentile_approx(
-            F.when(event == ACKNOWLEDGED, latency_ms), list(PERCENTILES), ACCURACY
-        ).alias("latency"),
+        F.count(F.when((event == DELIVERED) & (F.col("attempts") == 1), 1)).alias("messages"),
+        F.grouping_id(*_KEYS).alias("grouping"),
     ]
-    return columns
-
-
-def _finish(F: Any, df: DataFrame) -> DataFrame:
-    """The latency array as p50, p95, p99 columns; the redelivery rate."""
-    return (
-        df.withColumn("p50", F.col("latency")[0])
-        .withColumn("p95", F.col("latency")[1])
-        .withColumn("p99", F.col("latency")[2])
-        .drop("latency")
-        .withColumn(
-            "redelivery_rate",
-            F.when(F.col(DELIVERED) > 0, F.col("redelivered") / F.col(DELIVERED)).otherwise(0.0),
-        )
-    )
 
 
 def compute(spark: SparkSession, events: DataFrame) -> Report:
-    """Every table of the report from the archived events (without bodies)."""
-    from pyspark import StorageLevel
+    """Every table of the report from the archived events (without bodies), in four
+    passes over the archive: its time span (one column); the counts, one aggregation with a
+    grouping set per table; the latency percentiles, another over the acknowledgements;
+    the dead letters."""
     from pyspark.sql import functions as F
 
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        report = Report()
-        summary = _summary(F, events)
-        # dead letters: the messages whose last event in their group is `buried`
-        last = (
-            events.filter(F.col("group") != "")
-            .groupBy("topic", "group", "id")
-            .agg(
-                F.max_by("event", "time_ns").alias("last_event"),
-                F.max("time_ns").alias("last_ns"),
-                F.max_by("attempts", "time_ns").alias("attempts"),
-                F.first("producer").alias("producer"),
-                F.first("size").alias("size"),
-                F.first("publish_ns").alias("publish_ns"),
-            )
-        )
-        dead = last.filter(F.col("last_event") == BURIED).drop("last_event")
-        dead = dead.withColumnRenamed("last_ns", "buried_ns").persist()
-        dead_by_topic = dead.groupBy("topic").agg(F.count("*").alias("dead_letters"))
-        dead_by_group = dead.groupBy("topic", "group").agg(F.count("*").alias("dead_letters"))
+    report = Report()
+    first_ns, last_ns = events.agg(F.min("time_ns"), F.max("time_ns")).first()
+    report.bucket_seconds = seconds = _bucket(first_ns, last_ns)
+    keyed = events.withColumns(
+        {
+            "hour": F.timestamp_seconds(F.floor(F.col("time_ns") / (3600 * _NS)) * 3600),
+            "time": F.timestamp_seconds(F.floor(F.col("time_ns") / (seconds * _NS)) * seconds),
+        }
+    )
+    sets = [list(keys) for keys in GROUPING_SETS.values()]
+    counts = keyed.groupingSets(sets, *_KEYS).agg(*_counts(F))
+    counts = counts.withColumn(
+        "redelivery_rate",
+        F.when(F.col(DELIVERED) > 0, F.col("redelivered") / F.col(DELIVERED)).otherwise(0.0),
+    )
+    acks = keyed.filter(F.col("event") == ACKNOWLEDGED).withColumn(
+        "latency_ms", (F.col("time_ns") - F.col("publish_ns")) / 1e6
+    )
+    latency = acks.groupingSets(sets[:-1], *_KEYS).agg(
+        F.percentile_approx("latency_ms", list(PERCENTILES), ACCURACY).alias("latency"),
+        F.grouping_id(*_KEYS).alias("grouping"),
+    )
+    latency = latency.select(
+        *_KEYS,
+        "grouping",
+        *(F.col("latency")[i].alias(p) for i, p in enumerate(("p50", "p95", "p99"))),
+    )
+    all_counts, all_latency = _arrow(counts), _arrow(latency)
+    for name, keys in GROUPING_SETS.items():
+        table = _grouping_set(all_counts, keys)
+        if name != "throughput":
+            table = table.join(_grouping_set(all_latency, keys), list(keys), join_type="left outer")
+        report.tables[name] = table.sort_by([(k, "ascending") for k in keys])
+    report.events = sum(pc.sum(report.tables["by_topic"].column(e)).as_py() or 0 for e in EVENTS)
+    # group "": publishes, and deletes from a topic's backlog; a pair needs a consumer
+    by_group = report.tables["by_group"]
+    by_group = by_group.filter(pc.not_equal(by_group.column("group"), ""))
+    by_pair = report.tables["by_pair"]
+    by_pair = by_pair.filter(pc.not_equal(by_pair.column("consumer"), ""))
+    report.tables["flow"] = by_pair.filter(pc.greater(by_pair.column("messages"), 0)).select(
+        ["producer", "consumer", "messages"]
+    )
+    report.tables["by_pair"] = by_pair.drop_columns(["messages"])
+    report.tables["throughput"] = report.tables["throughput"].select(
+        ["time", "topic", PUBLISHED, ACKNOWLEDGED]
+    )
 
-        by_topic = _finish(F, events.groupBy("topic").agg(*summary))
-        by_topic = by_topic.join(dead_by_topic, "topic", "left").fillna(0, ["dead_letters"])
-        by_group = _finish(
-            F, events.filter(F.col("group") != "").groupBy("topic", "group").agg(*summary)
+    # dead letters: the messages whose last event in their group is `buried`
+    dead = ending_with(
+        events.filter(F.col("group") != ""),
+        BURIED,
+        ["topic", "group", "id"],
+        ["time_ns", "attempts", "producer", "size", "publish_ns"],
+    ).withColumnRenamed("time_ns", "buried_ns")
+    dead_letters = _arrow(dead.orderBy("topic", "group", "buried_ns"))
+    report.tables["dead_letters"] = dead_letters
+    per_group = Counter(
+        zip(
+            dead_letters.column("topic").to_pylist(),
+            dead_letters.column("group").to_pylist(),
+            strict=True,
         )
-        by_group = by_group.join(dead_by_group, ["topic", "group"], "left").fillna(
-            0, ["dead_letters"]
-        )
-        hour = F.timestamp_seconds(F.floor(F.col("time_ns") / (3600 * _NS)) * 3600)
-        by_hour = _finish(F, events.groupBy(hour.alias("hour"), "topic").agg(*summary))
-        by_pair = _finish(
-            F,
-            events.filter(F.col("consumer") != "").groupBy("producer", "consumer").agg(*summary),
-        )
-        flow = (
-            events.filter((F.col("event") == DELIVERED) & (F.col("attempts") == 1))
-            .groupBy("producer", "consumer")
-            .agg(F.count("*").alias("messages"))
-        )
+    )
+    per_topic = Counter(dead_letters.column("topic").to_pylist())
+    report.tables["by_group"] = _with_dead(by_group, per_group, ("topic", "group"))
+    report.tables["by_topic"] = _with_dead(
+        report.tables["by_topic"].drop_columns(["messages"]), per_topic, ("topic",)
+    )
+    report.tables["by_group"] = report.tables["by_group"].drop_columns(["messages"])
+    report.tables["by_hour"] = report.tables["by_hour"].drop_columns(["messages"])
+    return report
 
-        report.tables["by_topic"] = _arrow(by_topic.orderBy("topic"))
-        span = report.tables["by_topic"]
-        report.events = int(sum(sum(span.column(e).to_pylist()) for e in EVENTS))
-        first_last = events.agg(F.min("time_ns"), F.max("time_ns")).first()
-        report.bucket_seconds = _bucket(first_last[0], first_last[1])
-        bucket = F.floor(F.col("time_ns") / (report.bucket_seconds * _NS)) * report.bucket_seconds
-        throughput = events.groupBy(F.timestamp_seconds(bucket).alias("time"), "topic").agg(
-            F.count(F.when(F.col("event") == PUBLISHED, 1)).alias(PUBLISHED),
-            F.count(F.when(F.col("event") == ACKNOWLEDGED, 1)).alias(ACKNOWLEDGED),
-        )
-        report.tables["by_group"] = _arrow(by_group.orderBy("topic", "group"))
-        report.tables["by_hour"] = _arrow(by_hour.orderBy("hour", "topic"))
-        report.tables["by_pair"] = _arrow(by_pair.orderBy("producer", "consumer"))
-        report.tables["flow"] = _arrow(flow.orderBy("producer", "consumer"))
-        report.tables["throughput"] = _arrow(throughput.orderBy("time", "topic"))
-        report.tables["dead_letters"] = _arrow(dead.orderBy("topic", "group", "buried_ns"))
-        dead.unpersist()
-        return report
-    finally:
-        events.unpersist()
+
+def _grouping_set(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """The rows of one grouping set (grouping_id: a bit per key, set where the rows are
+    not grouped by it), its keys first."""
+    gid = sum(1 << (len(_KEYS) - 1 - i) for i, k in enumerate(_KEYS) if k not in keys)
+    rows = table.filter(pc.equal(table.column("grouping"), gid))
+    values = [n for n in table.column_names if n not in _KEYS and n != "grouping"]
+    return rows.select([*keys, *values])
+
+
+def _with_dead(table: pa.Table, dead: Counter[Any], keys: tuple[str, ...]) -> pa.Table:
+    rows = zip(*(table.column(k).to_pylist() for k in keys), strict=True)
+    values = [dead[key if len(keys) > 1 else key[0]] for key in rows]
+    return table.append_column("dead_letters", pa.array(values, type=pa.int64()))
 
 
 def _arrow(df: DataFrame) -> pa.Table:

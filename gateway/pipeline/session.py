@@ -165,6 +165,10 @@ def start_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
+        # percentile_approx is an object aggregate: past this many groups in a task Spark
+        # sorts the rows instead of hashing them, much slower (its default is 128, fewer
+        # than the report's topics x hours)
+        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "16384",
         **(conf or {}),
     }
     for key, value in settings.items():
