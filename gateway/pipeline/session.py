@@ -149,7 +149,7 @@ def start_session(
             "gateway pipeline needs pyspark: pip install 'mq-gateway[pipeline]'"
         ) from None
     log.parent.mkdir(parents=True, exist_ok=True)
-    log4j = log.with_name(log.name + ".log4j2.properties")
+    log4j = log.with_name(f".{log.name}.log4j2.properties")
     log4j.write_text(LOG4J2)
     # executors run this interpreter, which has pyarrow and the gateway package
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
