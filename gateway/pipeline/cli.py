@@ -62,9 +62,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.job == "report":
-        return run_report(args)
-    return run_replay(args)
+    try:
+        return run_report(args) if args.job == "report" else run_replay(args)
+    except KeyboardInterrupt:  # Ctrl-C: Spark is stopped on the way out, no traceback
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def _times(args: argparse.Namespace) -> tuple[int | None, int | None]:
