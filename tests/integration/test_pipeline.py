@@ -27,7 +27,7 @@ import trio
 
 from gateway.archive.events import EVENTS
 from gateway.pipeline import replay, report
-from gateway.pipeline.session import start_session
+from gateway.pipeline.session import one_line, start_session
 from gateway.pipeline.targets import Target
 from tests.helpers import running_gateway
 from tests.pipeline_support import spark_cluster
@@ -417,3 +417,16 @@ def test_replay_bad_input(traffic: Traffic, to: str, error: str) -> None:
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert line.startswith(error.format(refused=refused)), line
+
+
+def test_a_job_failing_inside_spark_is_one_line(spark: Any, tmp_path: Path) -> None:
+    """A segment that is not Parquet fails the job in Spark's executors; what the command
+    prints of it is one line naming the file, not the Java stack trace."""
+    folder = tmp_path / "archive" / "date=2026-01-01"
+    folder.mkdir(parents=True)
+    (folder / "part-1-000001.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(Exception) as failure:
+        report.run(spark, report.Options(tmp_path / "archive", tmp_path / "out"))
+    line = one_line(failure.value)
+    assert "\n" not in line and "part-1-000001.parquet" in line, line
+    assert "at org.apache" not in line
