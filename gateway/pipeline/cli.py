@@ -34,24 +34,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--archive", required=True, type=Path, metavar="DIR")
+    parser.add_argument(
+        "--archive", required=True, type=Path, metavar="DIR", help="the archive's directory"
+    )
     parser.add_argument(
         "--master", metavar="URL", help="Spark master URL (default local[*]; spark://HOST:PORT)"
     )
     parser.add_argument("--since", metavar="T", help="ISO time (UTC unless it says) or 2h ago")
     parser.add_argument("--until", metavar="T", help="ISO time (UTC unless it says) or 2h ago")
-    parser.add_argument("--spark-log", type=Path, metavar="FILE", help="where Spark's logs go")
+    parser.add_argument(
+        "--spark-log", type=Path, metavar="FILE", help="where Spark's own logs go (WARN)"
+    )
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+    parser.add_argument(
+        "--out", required=True, type=Path, metavar="DIR", help="where the report goes"
+    )
     parser.add_argument("--topic", metavar="PATTERN", help="fnmatch pattern: orders*")
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("--topic", required=True, metavar="T")
+    parser.add_argument("--topic", required=True, metavar="T", help="the archived topic")
     parser.add_argument("--event", default=BURIED, choices=EVENTS, help="the last event")
     parser.add_argument(
         "--to",
