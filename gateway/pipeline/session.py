@@ -106,15 +106,17 @@ def parse_time(text: str, *, option: str, now: float | None = None) -> int:
 
 
 def glob_regex(pattern: str) -> str:
-    """An fnmatch-style topic pattern (`*`, `?`) as an anchored Java regex for `rlike`."""
+    """An fnmatch-style topic pattern (`*`, `?`) as an anchored regex for Spark's `rlike`
+    (Java's syntax; every other character but letters and digits is backslash-escaped,
+    which Java and Python both read as that character)."""
     parts = []
-    for chunk in re.split(r"([*?])", pattern):
-        if chunk == "*":
+    for c in pattern:
+        if c == "*":
             parts.append(".*")
-        elif chunk == "?":
+        elif c == "?":
             parts.append(".")
-        elif chunk:
-            parts.append(r"\Q" + chunk.replace(r"\E", r"\E\\E\Q") + r"\E")
+        else:
+            parts.append(c if c.isalnum() else "\\" + c)
     return "^" + "".join(parts) + "$"
 
 

@@ -69,7 +69,9 @@ class Target:
         if not host or port is None:
             raise PipelineError(f"--to {url!r}: needs a host and a port ({scheme}://HOST:PORT/...)")
         name = unquote(parts.path.removeprefix("/"))
-        if not _NAMES[scheme].fullmatch(name) or parts.query or parts.fragment:
+        if parts.fragment:  # nsq://h:4150/t#ephemeral: the fragment is part of the name
+            name += "#" + parts.fragment
+        if not _NAMES[scheme].fullmatch(name) or parts.query:
             what = {"beanstalk": "tube", "nats": "subject"}.get(scheme, "topic")
             raise PipelineError(f"--to {url!r}: {name!r} is not a valid {what} name")
         return cls(scheme, host, port, name)
