@@ -119,25 +119,16 @@ def run(spark: Any, options: Options) -> Result:
     )
     from pyspark.sql import functions as F
 
-    chosen = select(events.filter(F.col("topic") == options.topic), options.event).persist()
-    try:
-        read = chosen.count()
-        if read == 0:
-            return Result(0, 0, 0, "")
-        parallelism = max(1, min(spark.sparkContext.defaultParallelism, read))
-        partitions = chosen.select("body", "size").repartition(parallelism).rdd
-        outcomes = partitions.mapPartitions(
-            functools.partial(publish_partition, options.target)
-        ).collect()
-    finally:
-        chosen.unpersist()
+    chosen = select(events.filter(F.col("topic") == options.topic), options.event)
+    # one job: the partitions publish and count; an empty one never connects
+    partitions = chosen.select("body", "size").repartition(spark.sparkContext.defaultParallelism)
+    outcomes = partitions.rdd.mapPartitions(
+        functools.partial(publish_partition, options.target)
+    ).collect()
+    published = sum(p for p, _, _ in outcomes)
+    failed = sum(f for _, f, _ in outcomes)
     errors = [e for _, _, e in outcomes if e]
-    return Result(
-        read,
-        sum(p for p, _, _ in outcomes),
-        sum(f for _, f, _ in outcomes),
-        errors[0] if errors else "",
-    )
+    return Result(published + failed, published, failed, errors[0] if errors else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
