@@ -6,7 +6,8 @@
 
 * `throughput`: the gateway (memory store) started twice per round, archive off and on
   (`body = "full"`, a fresh directory), NSQ MPUB and PUB workloads of bench/nsq.py against
-  each; the table gives msgs/s and the on/off ratio per workload, and how many of the
+  each; the table gives msgs/s and the on/off ratio per workload, the gateway's CPU time
+  per message over its whole life (the archive's last flush included) and how many of the
   events the archive was sent it wrote (the rest were dropped: buffer full).
 * `report`: `--events` synthetic archived events (bodies not kept, as `body = "none"`)
   written as Parquet segments, then the report job on `--master` (default local[2]):
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -76,6 +78,7 @@ def throughput(args: argparse.Namespace) -> list[str]:
         output_buffer_timeout=25,
     )
     rates: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # the gateway's CPU per message over its whole life
     kept: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="bench-archive-"))
     try:
@@ -83,6 +86,7 @@ def throughput(args: argparse.Namespace) -> list[str]:
             for mode in ("off", "on"):
                 archive = root / f"archive-{round_}" if mode == "on" else None
                 gateway = _gateway(archive, placement)
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 addresses = gateway.start()
                 target = nsq.Target(f"archive-{mode}", addresses["nsq"], gateway.proc.pid)
                 try:
@@ -95,6 +99,10 @@ def throughput(args: argparse.Namespace) -> list[str]:
                               f"{c.si(result.rate)} msgs/s", flush=True)  # fmt: skip
                 finally:
                     gateway.stop()
+                # waited for: its CPU, the archive's last flush on SIGTERM included
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+                cpu.setdefault(mode, []).append(seconds / (args.n + args.pub_n))
                 if archive is not None:
                     written = _archived(archive)
                     kept.append(f"round {round_ + 1}: {written:,} of {args.n + args.pub_n:,}")
@@ -106,9 +114,13 @@ def throughput(args: argparse.Namespace) -> list[str]:
         on = statistics.median(rates[workload, "on"])
         rows.append([workload, c.si(off), c.si(on), f"{on / off:.2f}x"])
     table = c.format_table(["workload", "off msgs/s", "on msgs/s", "on/off"], rows)
+    off_cpu, on_cpu = statistics.median(cpu["off"]), statistics.median(cpu["on"])
     return [
         f"archive on (body full) vs off, {placement.describe()}, median of {args.repeat}:",
         table,
+        # CPU time is what contention from other processes disturbs least
+        f"gateway CPU per message, start to stop: off {off_cpu * 1e6:.2f} us, "
+        f"on {on_cpu * 1e6:.2f} us: CPU-bound throughput on/off {off_cpu / on_cpu:.2f}x",
         "published events archived (the rest dropped, buffer full): " + "; ".join(kept),
     ]
 

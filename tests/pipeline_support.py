@@ -7,10 +7,11 @@ import os
 import re
 import signal
 import subprocess
-import time
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import pyspark
 
@@ -23,26 +24,52 @@ def _env() -> dict[str, str]:
     return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if match := re.search(pattern, log.read_text(errors="replace")):
-            return match
-        assert proc.poll() is None, f"{log.name}: exited {proc.returncode}\n{log.read_text()}"
-        time.sleep(0.1)
-    raise AssertionError(f"{log.name}: no {pattern!r} in {START_SECONDS}s\n{log.read_text()}")
+class Output:
+    """A child's output, read line by line by a thread (a full pipe would stall the child),
+    kept, and waited on: `wait_for` returns as soon as a line matches."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], name: str) -> None:
+        assert proc.stdout is not None
+        self.proc, self.name = proc, name
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            with self._changed:
+                self.lines.append(raw.decode(errors="replace"))
+                self._changed.notify_all()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = START_SECONDS) -> re.Match[str]:
+        found: list[re.Match[str]] = []
+
+        def match() -> bool:
+            found.extend(m for line in self.lines if (m := re.search(pattern, line)))
+            return bool(found) or self._closed
+
+        with self._changed:
+            self._changed.wait_for(match, timeout)
+        if found:
+            return found[0]
+        state = "exited" if self._closed else f"no {pattern!r} in {timeout:.0f}s"
+        raise AssertionError(f"{self.name}: {state}\n{''.join(self.lines)}")
 
 
-def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        # its own process group: the worker's executors go with it
-        return subprocess.Popen(
-            [str(SPARK_CLASS), *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            start_new_session=True,
-        )
+def _start(argv: list[str], name: str) -> tuple[subprocess.Popen[bytes], Output]:
+    # its own process group: the worker's executors go with it
+    proc = subprocess.Popen(
+        [str(SPARK_CLASS), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=_env(),
+        start_new_session=True,
+    )
+    return proc, Output(proc, name)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -60,22 +87,22 @@ def spark_cluster(root: Path, cores: int = 2) -> Iterator[str]:
     """A master and one worker with `cores` cores; yields the master's spark:// URL once
     the worker has registered."""
     root.mkdir(parents=True, exist_ok=True)
-    master = _start(
+    master, master_out = _start(
         ["org.apache.spark.deploy.master.Master",
          "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"],
-        root / "master.log",
+        "spark master",
     )  # fmt: skip
     procs = [master]
     try:
-        url = _wait_for(root / "master.log", r"Starting Spark master at (spark://\S+)", master)[1]
-        worker = _start(
+        url = master_out.wait_for(r"Starting Spark master at (spark://\S+)")[1]
+        worker, worker_out = _start(
             ["org.apache.spark.deploy.worker.Worker",
              "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
              "--cores", str(cores), "--memory", "2g", "--work-dir", str(root / "work"), url],
-            root / "worker.log",
+            "spark worker",
         )  # fmt: skip
         procs.append(worker)
-        _wait_for(root / "worker.log", r"Successfully registered with master", worker)
+        worker_out.wait_for(r"Successfully registered with master")
         yield url
     finally:
         for proc in reversed(procs):

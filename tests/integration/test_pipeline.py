@@ -30,7 +30,7 @@ from gateway.pipeline import replay, report
 from gateway.pipeline.session import one_line, start_session
 from gateway.pipeline.targets import Target
 from tests.helpers import running_gateway
-from tests.pipeline_support import spark_cluster
+from tests.pipeline_support import Output, spark_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = REPO / "tests" / "clients"
@@ -48,17 +48,6 @@ class Traffic:
     flow: dict[tuple[str, str], int]
     acknowledged: dict[str, int]
     dead: list[bytes] = field(default_factory=list)
-
-
-def _ready_line(log: Path, proc: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            if "ready:" in line:
-                return line
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.05)
-    raise AssertionError(f"gateway not ready: {log.read_text()}")
 
 
 def _port(line: str, name: str) -> int:
@@ -105,7 +94,6 @@ def _beanstalk_traffic(port: int) -> None:
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
     root = tmp_path_factory.mktemp("pipeline")
     archive = root / "archive"
-    log = root / "gateway.log"
     env = {
         **os.environ,
         "GATEWAY_ARCHIVE__ENABLED": "true",
@@ -115,10 +103,12 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
     for name in ("nsq", "beanstalk", "nats"):
         argv += [f"--{name}", "127.0.0.1:0"]
     argv += ["--http", "off", "--nats-route", "off", "--rocketmq", "off"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stderr=out, cwd=REPO, env=env)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env
+    )
+    output = Output(proc, "gateway")
     try:
-        line = _ready_line(log, proc)
+        line = output.wait_for(r"ready: .*")[0]
         nsq, bs, nats_port = (_port(line, n) for n in ("nsq", "beanstalk", "nats"))
         bodies = [a for b in ORDERS for a in ("--body", b)]
         pub = _client("pub", "--port", str(nsq), "--topic", "orders", *bodies)
@@ -133,7 +123,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
         _beanstalk_traffic(bs)
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, log.read_text()
+        assert proc.wait(30) == 0, "".join(output.lines)
     zero = dict.fromkeys(EVENTS, 0)
     orders_bytes = sum(len(b) for b in ORDERS) + len(NATS_BODY)
     jobs_bytes = len(b"job-ack") + len(b"job-release") + sum(len(b) for b in DEAD)
