@@ -98,6 +98,8 @@ class Recorder:
         """One buffer entry for the whole publish (an MPUB's messages share their time):
         a few C-level passes here, none per message in Python."""
         msgs = list(messages)
+        if not msgs:
+            return
         archive = self._archive
         room = self._limit - (archive.queued - archive.taken)
         if room < len(msgs):

@@ -264,6 +264,7 @@ def test_publishes_of_several_topics_and_publishers_in_one_row_group(tmp_path: P
     m1.attempts = 1
     orders.record(events.DELIVERED, m1, "g", Sink())
     audit.published(iter([m3]))  # any iterable
+    audit.published([])  # nothing: no entry
     assert (a.buffered, a.dropped) == (4, 0)
     a.start()
     a.close()
