@@ -1,4 +1,4 @@
-"""`gateway serve | check-config`: the command-line contract of DESIGN.md."""
+"""`gateway serve | check-config | pipeline`: the command-line contract of DESIGN.md."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway import __version__, config
 from gateway.app import Gateway
+from gateway.pipeline import cli as pipeline_cli
 from gateway.stores import StoreError
 
 _LISTENER_FLAGS = ("nsq", "http", "beanstalk", "beanstalk-tls", "nats", "nats-route", "rocketmq")
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "check-config", help="validate a configuration file and print every error"
     )
     check.add_argument("file")
+    pipeline_cli.add_parser(sub)
     return parser
 
 
@@ -133,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "pipeline":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no gateway to stop cleanly here
+        return pipeline_cli.main(args)
     try:
         settings = config.load(args.config, _flags(args))
     except ValidationError as exc:

@@ -25,6 +25,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # redis-server is the shared store of the Redis tests (redis-cli builds their Cluster)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+# Java runs Spark for the data pipeline's tests (pyspark 4 needs Java 17 or later)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"

@@ -1,8 +1,10 @@
 """The archive writer: lifecycle events in a bounded buffer, a thread writing Parquet.
 
 The broker's hot paths hand events to a `Recorder` (one per archived topic), which appends
-a tuple to a bounded buffer and never blocks: when the buffer is full the event is dropped
-and counted (`Archive.dropped`). A writer thread drains the buffer, batches events into
+an entry to a bounded buffer and never blocks: one entry per publish however many
+messages it carries (an MPUB costs the broker a few C-level passes, no Python loop), one
+per other event. When the buffer is full the events are dropped and counted
+(`Archive.dropped`). A writer thread drains the buffer, batches events into
 Parquet row groups and writes them to segments partitioned hive-style by the event's UTC
 date (`date=YYYY-MM-DD/part-<ns>-<seq>.parquet`), rotating a segment once it holds
 `segment_bytes` or has been open `segment_seconds`.
@@ -25,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from itertools import chain, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -65,10 +68,19 @@ ROW_GROUP_ROWS = 8192
 IDLE_WAKE_SECONDS = 0.5
 _DAY_NS = 86_400 * 1_000_000_000
 
-_ID, _BODY, _ORIGIN, _TIMESTAMP = (attrgetter(a) for a in ("id", "body", "origin", "timestamp"))
+_ID, _BODY, _ORIGIN, _TIMESTAMP, _ATTEMPTS, _PRIORITY = (
+    attrgetter(a) for a in ("id", "body", "origin", "timestamp", "attempts", "priority")
+)
 
 # one buffered event: (event, time_ns, message, topic, group, sink, attempts, priority)
 Row = tuple[str, int, Message, str, str, Any, int, int]
+# one publish's `published` events: (time_ns, messages, topic, attempts, priorities)
+Batch = tuple[int, list[Message], str, list[int], list[int]]
+Entry = Row | Batch
+# Parquet settings: dictionaries for the columns that repeat (protocols, topics, peers),
+# none for the body, which rarely repeats; no min/max statistics of bodies either.
+_DICTIONARY = ["event", "topic", "group", "producer", "consumer", "peer"]
+_STATISTICS = [name for name in SCHEMA.names if name != "body"]
 
 
 class Recorder:
@@ -83,29 +95,44 @@ class Recorder:
         self.topic = topic
 
     def published(self, messages: Iterable[Message]) -> None:
-        buffer = self._buffer
-        now = time.time_ns()
-        topic = self.topic
-        for msg in messages:
-            if len(buffer) >= self._limit:
-                self._archive.dropped += 1
-                continue
-            buffer.append((PUBLISHED, now, msg, topic, "", None, msg.attempts, msg.priority))
-        if len(buffer) >= ROW_GROUP_ROWS:
-            self._archive._wake.set()
+        """One buffer entry for the whole publish (an MPUB's messages share their time):
+        a few C-level passes here, none per message in Python."""
+        msgs = list(messages)
+        if not msgs:
+            return
+        archive = self._archive
+        room = self._limit - (archive.queued - archive.taken)
+        if room < len(msgs):
+            archive.dropped += len(msgs) - max(room, 0)
+            if room <= 0:
+                return
+            del msgs[room:]
+        self._buffer.append(
+            (
+                time.time_ns(),
+                msgs,
+                self.topic,
+                list(map(_ATTEMPTS, msgs)),
+                list(map(_PRIORITY, msgs)),
+            )
+        )
+        archive.queued += len(msgs)
+        if archive.queued - archive.taken >= ROW_GROUP_ROWS:
+            archive._wake.set()
 
     def record(self, event: str, msg: Message, group: str, sink: object | None = None) -> None:
         """One event of a group's message; `sink`: the consumer's, where one is involved.
         Attempts and priority are taken now (they change later); the body never does."""
-        buffer = self._buffer
-        if len(buffer) >= self._limit:
-            self._archive.dropped += 1
+        archive = self._archive
+        if archive.queued - archive.taken >= self._limit:
+            archive.dropped += 1
             return
-        buffer.append(
+        self._buffer.append(
             (event, time.time_ns(), msg, self.topic, group, sink, msg.attempts, msg.priority)
         )
-        if len(buffer) == ROW_GROUP_ROWS:
-            self._archive._wake.set()
+        archive.queued += 1
+        if archive.queued - archive.taken == ROW_GROUP_ROWS:
+            archive._wake.set()
 
 
 class _Segment:
@@ -118,7 +145,13 @@ class _Segment:
         self.temporary = folder / f".{name}.inprogress"
         self.day = day
         self.opened = opened
-        self.writer = pq.ParquetWriter(self.temporary, SCHEMA, compression="zstd")
+        self.writer = pq.ParquetWriter(
+            self.temporary,
+            SCHEMA,
+            compression="zstd",
+            use_dictionary=_DICTIONARY,
+            write_statistics=_STATISTICS,
+        )
 
     def size(self) -> int:
         return os.path.getsize(self.temporary)
@@ -149,7 +182,11 @@ class Archive:
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
         self._clock = clock
-        self._buffer: deque[Row] = deque()
+        self._buffer: deque[Entry] = deque()
+        # events appended (counted on the broker's thread) and taken by the writer (on its
+        # own): their difference is what the buffer holds, with no lock
+        self.queued = 0
+        self.taken = 0
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -169,7 +206,7 @@ class Archive:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return self.queued - self.taken
 
     def recorder(self, topic: str) -> Recorder | None:
         """The recorder for `topic`, or None when the configured patterns leave it out."""
@@ -206,7 +243,8 @@ class Archive:
     # -- the writer thread -----------------------------------------------------
 
     def _run(self) -> None:
-        pending: list[Row] = []
+        pending: list[Entry] = []
+        count = 0  # events in pending
         while True:
             self._wake.wait(IDLE_WAKE_SECONDS)
             self._wake.clear()
@@ -214,20 +252,25 @@ class Archive:
             asked = self._flush_asked
             buffer = self._buffer
             while buffer:
-                pending.append(buffer.popleft())
-                if len(pending) >= ROW_GROUP_ROWS:
-                    self._write(pending)
-                    pending = []
+                entry = buffer.popleft()
+                n = 1 if len(entry) == 8 else len(entry[1])
+                self.taken += n
+                pending.append(entry)
+                count += n
+                while count >= ROW_GROUP_ROWS:
+                    group, pending = _split(pending, ROW_GROUP_ROWS)
+                    count -= ROW_GROUP_ROWS
+                    self._write(group)
             if pending and (closing or asked > self._flush_done):
                 self._write(pending)
-                pending = []
+                pending, count = [], 0
             segment = self._segment
             if segment is not None and (
                 closing or self._clock() - segment.opened >= self.segment_seconds
             ):
                 if pending:
                     self._write(pending)
-                    pending = []
+                    pending, count = [], 0
                 self._close_segment()
             if asked > self._flush_done:
                 with self._flush_lock:
@@ -236,17 +279,21 @@ class Archive:
             if closing and not self._buffer:
                 return
 
-    def _write(self, rows: list[Row]) -> None:
-        """Rows into row groups, one per run of equal dates (a segment holds one date)."""
-        start = 0
-        for i in range(1, len(rows) + 1):
-            if i == len(rows) or rows[i][1] // _DAY_NS != rows[start][1] // _DAY_NS:
-                self._write_day(rows[start:i])
-                start = i
+    def _write(self, entries: list[Entry]) -> None:
+        """Entries into one row group per run of equal dates (a segment holds one date)."""
+        runs: list[tuple[int, list[Entry]]] = []
+        for entry in entries:
+            day = (entry[1] if len(entry) == 8 else entry[0]) // _DAY_NS
+            if runs and runs[-1][0] == day:
+                runs[-1][1].append(entry)
+            else:
+                runs.append((day, [entry]))
+        for day, run in runs:
+            self._write_day(day, run)
 
-    def _write_day(self, rows: list[Row]) -> None:
-        day = rows[0][1] // _DAY_NS
+    def _write_day(self, day: int, entries: list[Entry]) -> None:
         try:
+            table = self._table(entries)
             segment = self._segment
             if segment is not None and segment.day != day:
                 self._close_segment()
@@ -254,14 +301,15 @@ class Archive:
             if segment is None:
                 self._seq += 1
                 segment = self._segment = _Segment(self.directory, day, self._seq, self._clock())
-            segment.writer.write_table(self._table(rows), row_group_size=len(rows))
-            self.written += len(rows)
+            segment.writer.write_table(table, row_group_size=table.num_rows)
+            self.written += table.num_rows
             if segment.size() >= self.segment_bytes:
                 self._close_segment()
         except Exception as exc:  # the writer must outlive any one bad batch
+            rows = sum(1 if len(e) == 8 else len(e[1]) for e in entries)
             self.write_errors += 1
-            self.failed += len(rows)
-            log.error("archive: writing %d events failed: %s", len(rows), exc)
+            self.failed += rows
+            log.error("archive: writing %d events failed: %s", rows, exc)
 
     def _close_segment(self) -> None:
         segment, self._segment = self._segment, None
@@ -274,9 +322,73 @@ class Archive:
             self.write_errors += 1
             log.error("archive: closing %s failed: %s", segment.path, exc)
 
-    def _table(self, rows: list[Row]) -> pa.Table:
-        # Column at a time, C-level where possible (zip, map, attrgetter, Arrow kernels):
-        # this runs on the writer thread but holds the GIL the broker needs.
+    def _table(self, entries: list[Entry]) -> pa.Table:
+        """One table of the entries in order: each run of publishes and each run of other
+        events built column at a time, C-level where possible (zip, map, attrgetter, Arrow
+        kernels): this runs on the writer thread but holds the GIL the broker needs."""
+        tables = []
+        start = 0
+        for i in range(1, len(entries) + 1):
+            if i == len(entries) or (len(entries[i]) == 8) != (len(entries[start]) == 8):
+                run = entries[start:i]
+                if len(run[0]) == 8:
+                    tables.append(self._rows_table(run))  # type: ignore[arg-type]
+                else:
+                    tables.append(self._published_table(run))  # type: ignore[arg-type]
+                start = i
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def _bodies(self, msgs: list[Message] | tuple[Message, ...]) -> tuple[pa.Array, pa.Array]:
+        bodies = pa.array(list(map(_BODY, msgs)), type=pa.binary())
+        sizes = pc.binary_length(bodies).cast(pa.int64())
+        if self.body == "none":
+            bodies = pa.nulls(len(msgs), type=pa.binary())
+        elif self.body != "full":
+            bodies = pc.binary_slice(bodies, 0, int(self.body))
+        return bodies, sizes
+
+    def _published_table(self, batches: list[Batch]) -> pa.Table:
+        msgs = list(chain.from_iterable(b[1] for b in batches))
+        n = len(msgs)
+        if len(batches) == 1:
+            times = pa.repeat(batches[0][0], n).cast(pa.int64())
+            topics = pa.repeat(batches[0][2], n)
+        else:
+            times = pa.array(
+                list(chain.from_iterable(repeat(b[0], len(b[1])) for b in batches)), pa.int64()
+            )
+            topics = pa.array(
+                list(chain.from_iterable(repeat(b[2], len(b[1])) for b in batches)), pa.string()
+            )
+        origins = list(map(_ORIGIN, msgs))
+        distinct = set(origins)
+        if len(distinct) == 1:  # one publisher, as in any one MPUB
+            producer, _, peer = distinct.pop().partition(" ")
+            producers, peers = pa.repeat(producer, n), pa.repeat(peer, n)
+        else:
+            split = {o: o.partition(" ") for o in distinct}
+            producers = pa.array([split[o][0] for o in origins], type=pa.string())
+            peers = pa.array([split[o][2] for o in origins], type=pa.string())
+        bodies, sizes = self._bodies(msgs)
+        empty = pa.repeat("", n)
+        columns = [
+            pa.repeat(PUBLISHED, n),
+            times,
+            pa.array(list(map(_ID, msgs)), type=pa.int64()),
+            topics,
+            empty,
+            producers,
+            empty,
+            peers,
+            sizes,
+            pa.array(list(chain.from_iterable(b[3] for b in batches)), type=pa.int32()),
+            pa.array(list(chain.from_iterable(b[4] for b in batches)), type=pa.int64()),
+            pa.array(list(map(_TIMESTAMP, msgs)), type=pa.int64()),
+            bodies,
+        ]
+        return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+    def _rows_table(self, rows: list[Row]) -> pa.Table:
         events, times, msgs, topics, groups, sinks, attempts, priorities = zip(*rows, strict=True)
         origins = list(map(_ORIGIN, msgs))
         split = {o: o.partition(" ") for o in set(origins)}
@@ -289,12 +401,7 @@ class Archive:
             sink_info[id(s)][1] or "" if s is not None else (split[o][2] if e == PUBLISHED else "")
             for e, o, s in zip(events, origins, sinks, strict=True)
         ]
-        bodies = pa.array(list(map(_BODY, msgs)), type=pa.binary())
-        sizes = pc.binary_length(bodies).cast(pa.int64())
-        if self.body == "none":
-            bodies = pa.nulls(len(rows), type=pa.binary())
-        elif self.body != "full":
-            bodies = pc.binary_slice(bodies, 0, int(self.body))
+        bodies, sizes = self._bodies(msgs)
         columns = [
             pa.array(events, type=pa.string()),
             pa.array(times, type=pa.int64()),
@@ -311,3 +418,21 @@ class Archive:
             bodies,
         ]
         return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def _split(entries: list[Entry], rows: int) -> tuple[list[Entry], list[Entry]]:
+    """The first `rows` events of `entries`, and the rest (a publish cut where needed)."""
+    head: list[Entry] = []
+    for i, entry in enumerate(entries):
+        n = 1 if len(entry) == 8 else len(entry[1])
+        if n <= rows:
+            head.append(entry)
+            rows -= n
+            if rows == 0:
+                return head, entries[i + 1 :]
+            continue
+        t, msgs, topic, attempts, priorities = entry  # type: ignore[misc]
+        head.append((t, msgs[:rows], topic, attempts[:rows], priorities[:rows]))
+        rest = (t, msgs[rows:], topic, attempts[rows:], priorities[rows:])
+        return head, [rest, *entries[i + 1 :]]
+    return head, []

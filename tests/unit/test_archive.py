@@ -249,3 +249,37 @@ def test_a_failed_write_is_counted_and_the_writer_goes_on(
     rec.published([message(3)])
     a.close()
     assert read_archive(tmp_path).column("id").to_pylist() == [3]
+
+
+def test_publishes_of_several_topics_and_publishers_in_one_row_group(tmp_path: Path) -> None:
+    """Publishes are buffered one entry per publish; a row group mixes them with other
+    events, in order, each message with its own topic, publisher, attempts and priority."""
+    a = Archive(tmp_path)
+    orders, audit = a.recorder("orders"), a.recorder("audit")
+    assert orders is not None and audit is not None
+    m1, m2, m3 = message(1), message(2), message(3, topic="audit")
+    m2.origin, m2.priority = "nats 10.0.0.1:4", 3
+    orders.published([m1, m2])
+    m1.priority = 99  # changed after the publish: the event keeps what it was
+    m1.attempts = 1
+    orders.record(events.DELIVERED, m1, "g", Sink())
+    audit.published(iter([m3]))  # any iterable
+    audit.published([])  # nothing: no entry
+    assert (a.buffered, a.dropped) == (4, 0)
+    a.start()
+    a.close()
+    rows = read_archive(tmp_path).to_pylist()
+    got = [
+        (r["event"], r["id"], r["topic"], r["producer"], r["peer"], r["attempts"], r["priority"])
+        for r in rows
+    ]
+    assert got == [
+        ("published", 1, "orders", "nsq", "1.2.3.4:9", 0, 7),
+        ("published", 2, "orders", "nats", "10.0.0.1:4", 0, 3),
+        ("delivered", 1, "orders", "nsq", "10.0.0.7:5555", 1, 99),
+        ("published", 3, "audit", "nsq", "1.2.3.4:9", 0, 7),
+    ]
+    assert [r["group"] for r in rows] == ["", "", "g", ""]
+    assert [r["consumer"] for r in rows] == ["", "", "beanstalk", ""]
+    assert rows[0]["time_ns"] == rows[1]["time_ns"] <= rows[2]["time_ns"] <= rows[3]["time_ns"]
+    assert a.buffered == 0 and a.written == 4
