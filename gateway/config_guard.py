@@ -144,7 +144,7 @@ class LimitsSettings(_Section):
     max_buffered_bytes: int = Field(1024 * 1024 * 1024, ge=1024 * 1024)
     # microseconds of commands one connection may run before the others get their turn:
     # a client pipelining thousands of commands in one write cannot stall the rest
-    turn_microseconds: int = Field(50, ge=10, le=100_000)
+    turn_microseconds: int = Field(20, ge=5, le=100_000)
     # beanstalkd (which answers bad input for ever) and NATS errors that keep the
     # connection: past this many in a row, the connection is closed
     max_errors_in_a_row: int = Field(100, ge=1)

@@ -110,16 +110,23 @@ class Turn:
     One receive can hold thousands of commands (20,000 empty beanstalkd lines fit in
     40 KB, a burst of NATS PINGs more). Applied in one go they would hold the loop for
     tens of milliseconds while every other connection waits. A session asks `over()`
-    before each command; past `budget` seconds of work it yields (the caller's
-    checkpoint), and the rest of the buffer waits for its next turn, unread input staying
-    in the socket. The clock is read every 16 commands only: a command costs a few
-    microseconds, a clock read a tenth of one.
+    before each command; past its budget it yields (`pause()`), and the rest of the buffer
+    waits for its next turn, unread input staying in the socket.
+
+    The budget adapts. A yield that comes straight back (nobody else had anything to do)
+    doubles it, up to `long`: a client alone on the gateway pipelines with few yields. A
+    yield during which other connections ran sets it to `short` and yields once more, so
+    that while anyone else is waiting, a connection that keeps its socket full gets one
+    short turn for every two turns of each of the others. The clock is read every 4
+    commands only: a command costs a few microseconds, a clock read a twentieth of one.
     """
 
-    __slots__ = ("budget", "count", "ends")
+    __slots__ = ("budget", "count", "ends", "long", "short")
 
-    def __init__(self, budget: float) -> None:
-        self.budget = budget
+    def __init__(self, short: float, long: float | None = None) -> None:
+        self.short = short
+        self.long = long if long is not None else 20 * short
+        self.budget = short
         self.ends = 0.0
         self.count = 0
 
@@ -129,17 +136,25 @@ class Turn:
 
     def over(self) -> bool:
         self.count += 1
-        if self.count & 15:
+        if self.count & 3:
             return False
         return time.perf_counter() >= self.ends
 
     async def pause(self) -> None:
-        """The yield of a connection that used its whole turn: twice, so that every other
-        connection gets two turns to its one (a connection that keeps its socket full
-        would otherwise get as much of the loop as all the request/response clients that
-        wait on it together). Shielded: nothing read is ever dropped."""
+        """The yield of a connection that used its whole turn. Shielded: nothing read is
+        ever dropped."""
+        started = time.perf_counter()
         await trio.lowlevel.cancel_shielded_checkpoint()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if time.perf_counter() - started > _OTHERS_RAN:
+            self.budget = self.short
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            self.budget = min(self.budget * 2, self.long)
+
+
+# A yield that took longer than this let other tasks run (an empty scheduler pass takes a
+# few microseconds).
+_OTHERS_RAN = 0.00002
 
 
 def socket_fd(stream: trio.abc.Stream) -> int | None:

@@ -33,7 +33,7 @@ class BeanstalkServer:
     group_name: str = "beanstalk"
     max_job_size: int = 65535  # beanstalkd -z; its default is 2^16 - 1
     default_ttr: int = 60  # seconds, for messages published without one (NSQ, NATS)
-    turn_budget: float = 0.00005  # seconds of commands per connection between yields
+    turn_budget: float = 0.00002  # seconds of commands per connection between yields
     max_errors_in_a_row: int = 100  # protocol errors before the connection is closed
     draining: bool = False  # beanstalkd's SIGUSR1: every put answers DRAINING
     sessions: set[BeanstalkSession] = field(default_factory=set)

@@ -30,7 +30,7 @@ class NATSServer:
     ping_max: int = 2  # nats-server's ping_max
     # output queued for all clients together ([limits] max_buffered_bytes)
     buffered: Buffered = field(default_factory=lambda: Buffered(1 << 30, 1 << 20))
-    turn_budget: float = 0.00005  # seconds of operations per connection between yields
+    turn_budget: float = 0.00002  # seconds of operations per connection between yields
     max_errors_in_a_row: int = 100  # -ERR replies that keep the connection, then closed
     user: str | None = None
     password: str | None = None

@@ -26,7 +26,7 @@ class NSQServer:
     limits: Limits = field(default_factory=Limits)
     features: ServerFeatures = field(default_factory=ServerFeatures)
     ssl_context: ssl.SSLContext | None = None
-    turn_budget: float = 0.00005  # seconds of commands per connection between yields
+    turn_budget: float = 0.00002  # seconds of commands per connection between yields
     tls_required: bool = False  # nsqd --tls-required: every command but IDENTIFY needs TLS
     auth: AuthClient | None = None
     max_req_timeout: int = 3600000  # ms; REQ is clamped to it
