@@ -77,17 +77,6 @@ class Journal:
         """Attempts (a delivery), priority (then `priority_was` is the old one), delay or
         burial of one message changed. `expect` (a shared store): where the message must
         still be for the change to apply, "f" = claimed by this gateway (claims.py)."""
-        if self.store.shares:
-            self.store.update(
-                group.topic.name,
-                group.name,
-                message,
-                to_wall(message.deliver_at),
-                buried=buried,
-                priority_was=priority_was,
-                expect=expect,  # type: ignore[call-arg]
-            )
-            return
         self.store.update(
             group.topic.name,
             group.name,
@@ -95,6 +84,8 @@ class Journal:
             to_wall(message.deliver_at),
             buried=buried,
             priority_was=priority_was,
+            # a claim exists only in a shared store: its owner alone may still change it
+            expect=expect if self.store.shares else "*",
         )
 
     def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:

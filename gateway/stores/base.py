@@ -121,10 +121,13 @@ class Store(abc.ABC):
         *,
         buried: bool = False,
         priority_was: int | None = None,
+        expect: str = "*",
     ) -> None:
         """A message's per-group fields changed: attempts (a delivery), priority (then
         `priority_was` is the one last recorded), `due` (a requeue with a delay) or burial
-        (`buried`; False also means kicked)."""
+        (`buried`; False also means kicked). `expect`: where a store shared by several
+        gateways must still find the message for the change to apply ("*": anywhere);
+        a store with one owner ignores it."""
 
     @abc.abstractmethod
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:

@@ -112,6 +112,7 @@ class MemoryStore(Store):
         *,
         buried: bool = False,
         priority_was: int | None = None,
+        expect: str = "*",
     ) -> None:
         # every delivery lands here: the common case is two dict lookups and a tuple
         t = self._topics.get(topic)

@@ -183,6 +183,7 @@ class SQLiteStore(Store):
         *,
         buried: bool = False,
         priority_was: int | None = None,
+        expect: str = "*",
     ) -> None:
         gid = self._topics[topic].groups[group]
         state = sql.BURIED if buried else sql.READY
