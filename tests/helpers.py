@@ -12,6 +12,8 @@ import trio
 
 from gateway import config
 from gateway.app import Gateway
+from gateway.broker import Broker
+from gateway.stores import MemoryStore
 
 MAGIC = b"  V2"
 
@@ -39,6 +41,17 @@ def settings(**overrides: Any) -> config.Settings:
             flags[key] = value
     flags.update(sections)
     return config.Settings.model_validate(flags)
+
+
+@asynccontextmanager
+async def running_broker(**kw: Any) -> AsyncIterator[Broker]:
+    """A broker on the memory store with its timer task running (unit tests, MockClock)."""
+    b = Broker(MemoryStore(), **kw)
+    await b.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        yield b
+        nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 import trio.testing
@@ -12,6 +9,7 @@ import trio.testing
 from gateway.broker import Broker, Consumer, Outcome
 from gateway.model import Message
 from gateway.stores import MemoryStore
+from tests.helpers import running_broker as broker
 
 
 class Collector:
@@ -32,21 +30,6 @@ class Collector:
     @property
     def bodies(self) -> list[bytes]:
         return [m.body for m in self.got]
-
-
-@asynccontextmanager
-async def broker(**kw: int) -> AsyncIterator[Broker]:
-    b = Broker(MemoryStore(), **kw)
-    await b.open()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(b.run)
-        yield b
-        nursery.cancel_scope.cancel()
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 async def test_topic_without_group_buffers_for_the_first_group() -> None:

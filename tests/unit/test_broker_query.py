@@ -4,16 +4,13 @@ selection over a topic backlog."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 import trio.testing
 
 from gateway.broker import Broker, Consumer, Group, query
 from gateway.model import DEFAULT_PRIORITY, Message
-from gateway.stores import MemoryStore
+from tests.helpers import running_broker as broker
 
 
 class Collector:
@@ -23,21 +20,6 @@ class Collector:
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         self.got.append(message)
         return True
-
-
-@asynccontextmanager
-async def broker() -> AsyncIterator[Broker]:
-    b = Broker(MemoryStore())
-    await b.open()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(b.run)
-        yield b
-        nursery.cancel_scope.cancel()
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def one(b: Broker, body: bytes, *, priority: int = DEFAULT_PRIORITY, delay: float = 0.0) -> Message:

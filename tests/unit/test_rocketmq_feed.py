@@ -4,10 +4,6 @@ the broker, tag filtering, and deliveries that never time out while they wait.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import pytest
 import trio
 import trio.testing
 
@@ -16,24 +12,9 @@ from gateway.model import Message
 from gateway.protocols.rocketmq.feed import GroupFeed
 from gateway.protocols.rocketmq.mapping import EVERYTHING, parse_subscription
 from gateway.protocols.rocketmq.message import decode_records
-from gateway.stores import MemoryStore
+from tests.helpers import running_broker as broker
 
 STORE = ("127.0.0.1", 9876)
-
-
-@asynccontextmanager
-async def broker(**kw: int) -> AsyncIterator[Broker]:
-    b = Broker(MemoryStore(), **kw)
-    await b.open()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(b.run)
-        yield b
-        nursery.cancel_scope.cancel()
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def one_queue(message: Message) -> int:
