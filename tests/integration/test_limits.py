@@ -206,3 +206,33 @@ async def test_max_buffered_bytes_bounds_all_slow_readers_together() -> None:
         with trio.fail_after(10):
             await trio.testing.wait_all_tasks_blocked()  # the cut sessions' clean-up ran
         assert gw.nats.buffered.total == 0
+
+
+async def test_too_many_errors_in_a_row_closes_and_is_counted() -> None:
+    """beanstalkd answers bad input for ever; the gateway closes after max_errors_in_a_row
+    (here 5) such replies in a row, and counts it. A good command in between resets it."""
+    async with running_gateway(beanstalk="127.0.0.1:0", limits__max_errors_in_a_row=5) as gw:
+        s = await trio.open_tcp_stream(*gw.addresses["beanstalk"])
+        await s.send_all(b"\r\n" * 4 + b"list-tube-used\r\n" + b"\r\n" * 4 + b"list-tube-used\r\n")
+        batch = b"UNKNOWN_COMMAND\r\n" * 4 + b"USING default\r\n"
+        got = b""
+        with trio.fail_after(10):
+            while len(got) < 2 * len(batch):
+                got += await s.receive_some(65536)
+        assert got == batch * 2  # 8 errors, never 5 in a row: still open
+        await s.send_all(b"\r\n" * 10)
+        rest = await read_to_close(s)
+        assert rest == b"UNKNOWN_COMMAND\r\n" * 5  # the fifth in a row, then the close
+        assert refused_or_errors(gw, "beanstalk", "TOO_MANY_ERRORS") == 1
+
+
+def refused_or_errors(gw: Gateway, protocol: str, code: str) -> float:
+    for metric in gw.metrics.registry.collect():
+        if metric.name == "gateway_protocol_errors":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.labels == {
+                    "protocol": protocol,
+                    "code": code,
+                }:
+                    return sample.value
+    return 0.0

@@ -171,6 +171,7 @@ class BeanstalkSession(TubeCommands):
                             self.remote,
                             self._errors_in_a_row,
                         )
+                        self._metrics.protocol_error("beanstalk", "TOO_MANY_ERRORS")
                         out.append(reply)
                         keep_open = False
                         break

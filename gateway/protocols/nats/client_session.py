@@ -284,6 +284,7 @@ class NATSClientSession(QueuedWriter):
                 if self._errors_in_a_row >= self.server.max_errors_in_a_row:
                     log.info("nats client %s: %d errors in a row: closing", self.remote,
                              self._errors_in_a_row)  # fmt: skip
+                    self._metrics.protocol_error("nats", "TOO_MANY_ERRORS")
                     return _CLOSE
             else:
                 self._errors_in_a_row = 0
@@ -443,7 +444,10 @@ class NATSClientSession(QueuedWriter):
             buffered.total > buffered.limit and self._pending > buffered.share
         ):
             # nats-server's slow consumer: the client cannot keep up, so it is cut off
-            log.info("nats client %s is a slow consumer: closing", self.remote)
+            # (said and counted once; it may be offered more before its task ends)
+            if not self._cancel.cancel_called:
+                log.info("nats client %s is a slow consumer: closing", self.remote)
+                self._metrics.protocol_error("nats", "SLOW_CONSUMER")
             self._cancel.cancel()
             return
         if not self._dirty:
