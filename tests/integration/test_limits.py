@@ -20,16 +20,9 @@ from tests.helpers import read_to_close, read_until, running_gateway
 Address = tuple[str, int]
 
 
-def refused(gw: Gateway, protocol: str, reason: str) -> float:
-    for metric in gw.metrics.registry.collect():
-        if metric.name == "gateway_connections_refused":
-            for sample in metric.samples:
-                if sample.name.endswith("_total") and sample.labels == {
-                    "protocol": protocol,
-                    "reason": reason,
-                }:
-                    return sample.value
-    return 0.0
+def counted(gw: Gateway, name: str, **labels: str) -> float:
+    """A counter of the gateway's registry (0 when never incremented)."""
+    return gw.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 async def nats_client(address: Address) -> trio.SocketStream:
@@ -83,7 +76,12 @@ async def test_nats_max_connections_as_nats_server(
             except AssertionError:
                 await trio.sleep(0.01)
     if gw is not None:
-        assert refused(gw, "nats", "max_connections") >= 1
+        assert (
+            counted(
+                gw, "gateway_connections_refused_total", protocol="nats", reason="max_connections"
+            )
+            >= 1
+        )
 
 
 async def test_nsq_and_beanstalk_refusals_per_ip() -> None:
@@ -109,8 +107,24 @@ async def test_nsq_and_beanstalk_refusals_per_ip() -> None:
         got = await read_to_close(third)
         body = b"E_TOO_MANY_CONNECTIONS too many connections"
         assert got == (len(body) + 4).to_bytes(4, "big") + (1).to_bytes(4, "big") + body
-        assert refused(gw, "beanstalk", "max_connections_per_ip") == 1
-        assert refused(gw, "nsq", "max_connections_per_ip") == 1
+        assert (
+            counted(
+                gw,
+                "gateway_connections_refused_total",
+                protocol="beanstalk",
+                reason="max_connections_per_ip",
+            )
+            == 1
+        )
+        assert (
+            counted(
+                gw,
+                "gateway_connections_refused_total",
+                protocol="nsq",
+                reason="max_connections_per_ip",
+            )
+            == 1
+        )
 
 
 async def test_a_nats_subscriber_that_stops_reading_is_cut_off() -> None:
@@ -223,16 +237,9 @@ async def test_too_many_errors_in_a_row_closes_and_is_counted() -> None:
         await s.send_all(b"\r\n" * 10)
         rest = await read_to_close(s)
         assert rest == b"UNKNOWN_COMMAND\r\n" * 5  # the fifth in a row, then the close
-        assert refused_or_errors(gw, "beanstalk", "TOO_MANY_ERRORS") == 1
-
-
-def refused_or_errors(gw: Gateway, protocol: str, code: str) -> float:
-    for metric in gw.metrics.registry.collect():
-        if metric.name == "gateway_protocol_errors":
-            for sample in metric.samples:
-                if sample.name.endswith("_total") and sample.labels == {
-                    "protocol": protocol,
-                    "code": code,
-                }:
-                    return sample.value
-    return 0.0
+        assert (
+            counted(
+                gw, "gateway_protocol_errors_total", protocol="beanstalk", code="TOO_MANY_ERRORS"
+            )
+            == 1
+        )
