@@ -192,26 +192,6 @@ class Group(MemoryWindow, GroupAdmin):
         if self.ephemeral and not self.consumers:
             self.topic.delete_group(self.name)
 
-    def return_in_flight(self, consumer: Consumer) -> None:
-        """Everything `consumer` holds is ready again at once, counting no requeue or
-        timeout (beanstalkd, when a connection closes)."""
-        if not consumer.in_flight:
-            return
-        owned = [e for e in self.in_flight.values() if e.consumer is consumer]
-        now = trio.current_time()
-        for entry in owned:
-            del self.in_flight[entry.message.id]
-            self._return(entry.message, 0.0, now)
-        consumer.in_flight = 0
-        self._deadlines.trim(self.in_flight)
-        self._dispatch()
-
-    def return_all_in_flight(self) -> None:
-        """A clean stop: every delivery is ready again (as a consumer leaving beanstalkd
-        would), counting no requeue or timeout."""
-        for consumer in {entry.consumer for entry in self.in_flight.values()}:
-            self.return_in_flight(consumer)
-
     def _offer(self, consumer: Consumer) -> None:
         if consumer.attached and not consumer.waiting and consumer.in_flight < consumer.ready:
             consumer.waiting = True
