@@ -47,16 +47,22 @@ def _nsq_bench() -> Any:
 # -- throughput: archive on vs off ---------------------------------------------------------
 
 
-def _gateway(archive: Path | None, placement: c.Placement) -> c.GatewayProcess:
-    args = ["serve", "--nsq", "127.0.0.1:0", "--store", "memory://"]
-    args += ["--http", "off", "--beanstalk", "off", "--nats", "off", "--nats-route", "off"]
-    for key in ("GATEWAY_ARCHIVE__ENABLED", "GATEWAY_ARCHIVE__DIR", "GATEWAY_ARCHIVE__BODY"):
-        os.environ.pop(key, None)
+_ARCHIVE_ENV = ("ENABLED", "DIR", "BODY", "COMPRESSION")
+
+
+def _gateway(
+    archive: Path | None, placement: c.Placement, args: argparse.Namespace
+) -> c.GatewayProcess:
+    argv = ["serve", "--nsq", "127.0.0.1:0", "--store", "memory://", "--rocketmq", "off"]
+    argv += ["--http", "off", "--beanstalk", "off", "--nats", "off", "--nats-route", "off"]
+    for key in _ARCHIVE_ENV:
+        os.environ.pop(f"GATEWAY_ARCHIVE__{key}", None)
     if archive is not None:
         os.environ["GATEWAY_ARCHIVE__ENABLED"] = "true"
         os.environ["GATEWAY_ARCHIVE__DIR"] = str(archive)
-        os.environ["GATEWAY_ARCHIVE__BODY"] = "full"
-    return c.GatewayProcess(args, placement, ["nsq"])
+        os.environ["GATEWAY_ARCHIVE__BODY"] = args.body
+        os.environ["GATEWAY_ARCHIVE__COMPRESSION"] = args.compression
+    return c.GatewayProcess(argv, placement, ["nsq"])
 
 
 def _archived(archive: Path) -> int:
@@ -85,7 +91,7 @@ def throughput(args: argparse.Namespace) -> list[str]:
         for round_ in range(args.repeat):
             for mode in ("off", "on"):
                 archive = root / f"archive-{round_}" if mode == "on" else None
-                gateway = _gateway(archive, placement)
+                gateway = _gateway(archive, placement, args)
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 addresses = gateway.start()
                 target = nsq.Target(f"archive-{mode}", addresses["nsq"], gateway.proc.pid)
@@ -116,7 +122,8 @@ def throughput(args: argparse.Namespace) -> list[str]:
     table = c.format_table(["workload", "off msgs/s", "on msgs/s", "on/off"], rows)
     off_cpu, on_cpu = statistics.median(cpu["off"]), statistics.median(cpu["on"])
     return [
-        f"archive on (body full) vs off, {placement.describe()}, median of {args.repeat}:",
+        f"archive on (body {args.body}, {args.compression}) vs off, {placement.describe()}, "
+        f"median of {args.repeat}:",
         table,
         # CPU time is what contention from other processes disturbs least
         f"gateway CPU per message, start to stop: off {off_cpu * 1e6:.2f} us, "
@@ -241,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--pin", default="split", choices=["split", "same", "none"])
+    p.add_argument("--body", default="full", help='[archive] body: "full", "none" or N bytes')
+    p.add_argument("--compression", default="lz4", help="[archive] compression")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--events", type=int, default=10_000_000)

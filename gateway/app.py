@@ -210,6 +210,7 @@ class Gateway:
             buffer=a.buffer,
             segment_bytes=a.segment_bytes,
             segment_seconds=a.segment_seconds,
+            compression=a.compression,
         )
 
     def _cluster(self) -> Cluster:

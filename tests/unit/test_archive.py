@@ -216,11 +216,18 @@ def test_row_groups_are_written_as_the_buffer_fills(tmp_path: Path) -> None:
     a.start()
     rec = a.recorder("orders")
     assert rec is not None
-    rec.published([message(i) for i in range(1, ROW_GROUP_ROWS * 2 + 2)])
+    # bodies of different sizes: a publish cut between row groups keeps each its own
+    ids = range(1, ROW_GROUP_ROWS * 2 + 2)
+    rec.published([message(i, body=b"b" * (i % 7) + str(i).encode()) for i in ids])
     assert a.flush()
     assert a.written == ROW_GROUP_ROWS * 2 + 1
     a.close()
     import pyarrow.parquet as pq
+
+    table = read_archive(tmp_path)
+    assert table.column("id").to_pylist() == list(ids)
+    assert table.column("body").to_pylist() == [b"b" * (i % 7) + str(i).encode() for i in ids]
+    assert table.column("size").to_pylist() == [i % 7 + len(str(i)) for i in ids]
 
     meta = pq.ParquetFile(finished(tmp_path)[0]).metadata
     assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [
@@ -252,14 +259,16 @@ def test_a_failed_write_is_counted_and_the_writer_goes_on(
 
 
 def test_publishes_of_several_topics_and_publishers_in_one_row_group(tmp_path: Path) -> None:
-    """Publishes are buffered one entry per publish; a row group mixes them with other
+    """Publishes are buffered one entry per publish (whose messages share a publisher and
+    a priority, as Topic.put's do); a row group mixes them with other
     events, in order, each message with its own topic, publisher, attempts and priority."""
     a = Archive(tmp_path)
     orders, audit = a.recorder("orders"), a.recorder("audit")
     assert orders is not None and audit is not None
     m1, m2, m3 = message(1), message(2), message(3, topic="audit")
     m2.origin, m2.priority = "nats 10.0.0.1:4", 3
-    orders.published([m1, m2])
+    orders.published([m1])
+    orders.published([m2])  # another publish: its own publisher and priority
     m1.priority = 99  # changed after the publish: the event keeps what it was
     m1.attempts = 1
     orders.record(events.DELIVERED, m1, "g", Sink())
@@ -281,5 +290,37 @@ def test_publishes_of_several_topics_and_publishers_in_one_row_group(tmp_path: P
     ]
     assert [r["group"] for r in rows] == ["", "", "g", ""]
     assert [r["consumer"] for r in rows] == ["", "", "beanstalk", ""]
-    assert rows[0]["time_ns"] == rows[1]["time_ns"] <= rows[2]["time_ns"] <= rows[3]["time_ns"]
+    assert rows[0]["time_ns"] <= rows[1]["time_ns"] <= rows[2]["time_ns"] <= rows[3]["time_ns"]
     assert a.buffered == 0 and a.written == 4
+
+
+def test_a_run_of_publishes_keeps_each_message_id_and_publish_facts(tmp_path: Path) -> None:
+    """The writer derives a publish's ids from its first id and count, and its publisher,
+    priority and publish time from its first message: check them across a run of
+    publishes of different sizes, topics and publishers in one row group."""
+    a = Archive(tmp_path)
+    orders, audit = a.recorder("orders"), a.recorder("audit")
+    assert orders is not None and audit is not None
+    first = [message(i) for i in (10, 11, 12)]
+    for m in first:
+        m.timestamp = 5
+    second = [message(i, topic="audit") for i in (20, 21)]
+    for m in second:
+        m.timestamp, m.origin, m.priority = 6, "beanstalk 10.0.0.2:1", 0
+    orders.published(first)
+    audit.published(second)
+    orders.published([message(30, body=b"")])
+    a.start()
+    a.close()
+    got = [
+        (r["id"], r["topic"], r["producer"], r["peer"], r["priority"], r["publish_ns"], r["size"])
+        for r in read_archive(tmp_path).to_pylist()
+    ]
+    assert got == [
+        (10, "orders", "nsq", "1.2.3.4:9", 7, 5, 11),
+        (11, "orders", "nsq", "1.2.3.4:9", 7, 5, 11),
+        (12, "orders", "nsq", "1.2.3.4:9", 7, 5, 11),
+        (20, "audit", "beanstalk", "10.0.0.2:1", 0, 6, 11),
+        (21, "audit", "beanstalk", "10.0.0.2:1", 0, 6, 11),
+        (30, "orders", "nsq", "1.2.3.4:9", 7, 1_700_000_000_000_000_030, 0),
+    ]
