@@ -97,7 +97,7 @@ WORKLOADS = [
     Workload("nsq-sub", "nsq", "NSQ SUB RDY 1000 + FIN, 200 B", 200_000, 1.0),
     Workload("nsq-mpub", "nsq", "NSQ MPUB x100, 200 B", 500_000, 1.5),
     Workload("nats-pubsub", "nats", "NATS pub/sub 16 B, nats-py 1+1", 200_000, 0.8),
-    Workload("nats-request", "nats", "NATS request/reply 16 B", 2_000, 0.9, "req/s"),
+    Workload("nats-request", "nats", "NATS request/reply 16 B", 5_000, 0.9, "req/s"),
     Workload("beanstalk-1", "beanstalk", "greenstalk put+reserve/delete x1", 10_000, 0.8, "jobs/s"),
     Workload("beanstalk-4", "beanstalk", "greenstalk put+reserve/delete x4", 10_000, 0.8, "jobs/s"),
 ]
