@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -230,10 +231,7 @@ def servers_for(
         for stop in reversed(started):
             with contextlib.suppress(Exception):
                 stop()
-        with contextlib.suppress(OSError):
-            for path in sorted(tmp.rglob("*"), reverse=True):
-                path.unlink() if path.is_file() else path.rmdir()
-            tmp.rmdir()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def start_real(
