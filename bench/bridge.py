@@ -292,6 +292,8 @@ def measure(
             )
         finally:
             for p in producers:
+                if p.pid is None:  # never started (the consumer failed first)
+                    continue
                 p.join(max(0.1, wd.remaining()))
                 if p.is_alive():
                     p.kill()
@@ -369,6 +371,8 @@ def run_alternative(
         return run
     finally:
         for p in procs:
+            if p.pid is None:
+                continue
             if p.is_alive():
                 p.terminate()
             p.join(5)
