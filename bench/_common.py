@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import ipaddress
 import multiprocessing
 import os
@@ -18,12 +19,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Protocol, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -160,12 +162,14 @@ class GatewayProcess:
 
     `args` are the arguments after ``python -m gateway``. The stderr of the gateway is read
     by a thread for the whole run (a full pipe would block the server); its tail is kept for
-    error messages.
+    error messages. `program` replaces ``-m gateway`` for another Python server that prints
+    the same listening lines (bench/compare.py's ceiling servers).
     """
 
     args: Sequence[str]
     placement: Placement
     expect_protocols: Iterable[str]
+    program: Sequence[str] = ("-m", "gateway")
     proc: subprocess.Popen[bytes] | None = None
     addresses: dict[str, Address] = field(default_factory=dict)
     stderr_tail: collections.deque[str] = field(
@@ -175,7 +179,7 @@ class GatewayProcess:
 
     @property
     def command(self) -> list[str]:
-        return [*self.placement.server_prefix(), sys.executable, "-m", "gateway", *self.args]
+        return [*self.placement.server_prefix(), sys.executable, *self.program, *self.args]
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> dict[str, Address]:
         self.proc = subprocess.Popen(
@@ -429,3 +433,107 @@ def run_processes(
                 p.kill()
                 p.join()
     return results, error
+
+
+# -- other bench scripts as modules, and real servers started by a script ----------------
+
+
+def load_bench_module(name: str) -> ModuleType:
+    """bench/<name>.py as the module ``bench_<name>``, so that a script reuses another's
+    workloads instead of copying them. Not a plain import: nsq.py and nats.py share their
+    names with client libraries (pynsq's `nsq`, nats-py's `nats`). sys.path is restored
+    afterwards (nsq.py puts bench/ first on it, which would hide nats-py)."""
+    module_name = f"bench_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).parent / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load bench/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up here
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_connectable(addr: Address, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Poll until `addr` accepts a TCP connection; False if `proc` exits or time is up."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(addr, timeout=1.0).close()
+            return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+class Nsqd:
+    """A real nsqd started by a bench script (`--nsqd-bin PATH`; built as
+    shared/peers/nsqd-build.md says, outside the project), pinned like the gateway, on
+    free loopback ports with a fresh data directory; stopped by pid."""
+
+    def __init__(self, binary: str, placement: Placement, extra: Sequence[str] = ()) -> None:
+        self.binary = binary
+        self.placement = placement
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tcp: Address = ("127.0.0.1", 0)
+        self.data_dir = ""
+
+    def version(self) -> str:
+        out = subprocess.run(
+            [self.binary, "--version"], capture_output=True, text=True, check=False, timeout=10
+        )
+        return (out.stdout or out.stderr).strip()
+
+    def start(self, timeout: float = 15.0) -> Address:
+        self.data_dir = tempfile.mkdtemp(prefix="bench-nsqd-")
+        for _ in range(5):
+            self.tcp = ("127.0.0.1", free_port())
+            cmd = [
+                *self.placement.server_prefix(),
+                self.binary,
+                f"--tcp-address={format_addr(self.tcp)}",
+                f"--http-address=127.0.0.1:{free_port()}",
+                f"--data-path={self.data_dir}",
+                *self.extra,
+            ]
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=self.placement.server_preexec(),
+            )
+            if wait_connectable(self.tcp, self.proc, timeout):
+                return self.tcp
+            self.stop()
+        raise RuntimeError(f"nsqd did not start: {self.binary}")
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def cpu_seconds(self) -> float | None:
+        return None if self.proc is None else process_cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
