@@ -49,6 +49,10 @@ class Broker:
         self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
         self.journal = Journal(store)
+        # Trio's clock, as a bound method once the broker runs (open()): trio.current_time()
+        # looks the clock up through three calls, on every delivery
+        self.now: Callable[[], float] = trio.current_time
+        self._allocates_ids = store.allocates_ids  # a store's constant
         # a shared store (Redis): groups claim from it instead of keeping a queue
         self.claims = Claims(self) if store.shares else None
         self.window = memory_window if store.pages and not store.shares else 0
@@ -83,6 +87,7 @@ class Broker:
     async def open(self) -> None:
         """Load what the store recorded: topics, groups and their messages. Messages that
         were in flight are ready again (their recorded attempts count that delivery)."""
+        self.now = trio.lowlevel.current_clock().current_time
         state = await self.store.open(self.window)
         self.last_id = state.last_id
         self.journal.opened(state.last_id)
@@ -288,30 +293,44 @@ class Broker:
         groups; they reach local taps only (see taps.py). Raises StoreError, creating
         nothing, while the store cannot write and the messages would be stored (traffic
         to subscribers only, NATS at most once, goes on)."""
-        if self.store.failed is not None:
-            kept = self.topics.get(topic)
-            stored = not kept.ephemeral if kept is not None else create and not ephemeral
-            if stored:
-                raise self.store.failed
-        t = self.topic(topic, ephemeral=ephemeral, create=create)
+        # the hot path of every protocol: one dict lookup for the topic, one Message per
+        # body, the counters, then the topic; nothing per message beyond the Message
+        failed = self.store.failed
+        t = self.topics.get(topic)
+        if t is None:
+            if failed is not None and create and not ephemeral:
+                raise failed
+            t = self.topic(topic, ephemeral=ephemeral, create=create)
+        elif failed is not None and not t.ephemeral:
+            raise failed
+        n = len(bodies)
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
-        if self.store.allocates_ids:  # unique across the gateways sharing the store
-            first = self.store.take_ids(len(bodies))
-            self.last_id = first + len(bodies) - 1
+        if self._allocates_ids:  # unique across the gateways sharing the store
+            first = self.store.take_ids(n)
+            self.last_id = first + n - 1
         else:
             first = self.last_id + 1
-            self.last_id += len(bodies)
-            self.journal.ids_used(self.last_id)
-        self.published_count += len(bodies)
+            self.last_id = last = self.last_id + n
+            journal = self.journal
+            if last > journal.ceiling:
+                journal.ids_used(last)
+        self.published_count += n
         protocol = origin.split(" ", 1)[0] or "other"
         by = self.published_by
-        by[protocol] = by.get(protocol, 0) + len(bodies)
+        by[protocol] = by.get(protocol, 0) + n
         # positional arguments: this runs once per message on the publish hot path
-        msgs = [
-            Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to, origin)
-            for i, body in zip(range(first, first + len(bodies)), bodies, strict=True)
-        ]
+        if n == 1:
+            msgs = [
+                Message(first, topic, bodies[0], ts, headers, 0, priority, deliver_at, ttr,
+                        reply_to, origin)
+            ]  # fmt: skip
+        else:
+            msgs = [
+                Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to,
+                        origin)
+                for i, body in enumerate(bodies, first)
+            ]  # fmt: skip
         if delay > 0:
             for m in msgs:
                 m.job_stats().delay = int(delay)
@@ -320,8 +339,8 @@ class Broker:
                 m.header_block = header_block
         if t is not None:
             by = t.published_by
-            by[protocol] = by.get(protocol, 0) + len(bodies)
-            t.put(msgs)
+            by[protocol] = by.get(protocol, 0) + n
+            t.put(msgs, len(bodies[0]) if n == 1 else sum(map(len, bodies)))
         if self.taps:
             self.taps.deliver(msgs, publisher, routed)
         return msgs

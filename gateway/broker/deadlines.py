@@ -5,8 +5,10 @@ a FIFO holds nearly all of them at O(1) a delivery; only a deadline earlier than
 FIFO's tail (a shorter timeout, a TOUCH overtaken by later deliveries) goes to a heap.
 Entries are never removed when a delivery is finished: an entry is live while its
 InFlight object is still the group's record for that message with the same deadline.
-The FIFO's head is trimmed after each finish, which keeps it short when consumers finish
-roughly in delivery order; a full compaction bounds it otherwise.
+The FIFO's head is trimmed every TRIM_EVERY finishes (once per finish cost a call and two
+liveness checks on every acknowledgement), which keeps it short when consumers finish
+roughly in delivery order; a full compaction bounds it otherwise. A stale head only makes
+the timer look a little early: pop_due's callers check liveness.
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ if TYPE_CHECKING:
     from gateway.broker.group import InFlight
 
 _INF = float("inf")
+TRIM_EVERY = 64  # finishes between two trims of the FIFO's stale head
 
 
 class Deadlines:
-    __slots__ = ("_fifo", "_heap", "_seq")
+    __slots__ = ("_fifo", "_heap", "_seq", "finished")
 
     def __init__(self) -> None:
         self._fifo: deque[tuple[float, InFlight]] = deque()
         self._heap: list[tuple[float, int, InFlight]] = []
         self._seq = itertools.count()
+        # finishes since the last trim; the group counts them and trims at TRIM_EVERY
+        self.finished = 0
 
     def __len__(self) -> int:
         return len(self._fifo) + len(self._heap)
@@ -58,6 +63,7 @@ class Deadlines:
             yield deadline, entry
 
     def trim(self, in_flight: dict[int, InFlight]) -> None:
+        self.finished = 0
         fifo = self._fifo
         while fifo:
             deadline, entry = fifo[0]

@@ -18,7 +18,7 @@ import trio
 
 from gateway.archive import events
 from gateway.broker import stats
-from gateway.broker.deadlines import Deadlines
+from gateway.broker.deadlines import TRIM_EVERY, Deadlines
 from gateway.broker.group_admin import GroupAdmin
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.ready import ReadyQueue
@@ -104,6 +104,7 @@ class Group(MemoryWindow, GroupAdmin):
         self.pause_length = 0  # seconds the current timed pause was set for
         self.deleted = False
         self.ready = ReadyQueue()
+        self._now = topic.broker.now  # Trio's clock (see Broker.now)
         self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
         # the memory window of a paging store (window.py); 0: everything in memory
         self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
@@ -124,6 +125,8 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
         self.archive = topic.archive  # the topic's archive recorder, or None
+        # the store's door for this group's deliveries and finishes (names bound once)
+        self.recorder = self.journal.recorder(self)
         # counters, the same for every protocol that touches this group
         self.message_count = 0
         self.delivered_count = 0
@@ -148,6 +151,8 @@ class Group(MemoryWindow, GroupAdmin):
             messages = self._spill(messages)
         if fresh and messages and messages[0].deliver_at == 0.0:
             self.ready.extend(messages)
+            if not self._waiting:  # no one to deliver to: nothing else to do
+                return
         else:
             now = trio.current_time()
             ready = self.ready
@@ -201,17 +206,17 @@ class Group(MemoryWindow, GroupAdmin):
     def _dispatch(self) -> None:
         waiting = self._waiting
         ready = self.ready
-        if self.paused or not waiting or not ready:
+        if self.paused or not waiting or not ready.size:
             if self.shared and waiting and not self.paused:
                 self.topic.broker.claims.want(self)
             return
-        now = trio.current_time()
+        now = self._now()
         if self.pause_until:
             if now < self.pause_until:
                 return
             self.pause_until = 0.0
             self.pause_length = 0
-        while waiting and ready:
+        while waiting and ready.size:
             c = waiting[0]
             if c.in_flight >= c.ready or not c.attached:
                 waiting.popleft()
@@ -234,7 +239,7 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines.add(deadline, entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
-        self.journal.delivered(self, msg, deadline)
+        self.recorder.delivered(msg, deadline)
         if self.archive is not None:
             self.archive.record(events.DELIVERED, msg, self.name, c.sink)
         self.delivered_count += 1
@@ -251,7 +256,7 @@ class Group(MemoryWindow, GroupAdmin):
             msg = self.ready.pop()
         elif not self.ready.remove(msg):
             return None
-        self._deliver(consumer, msg, trio.current_time())
+        self._deliver(consumer, msg, self._now())
         if self.spilled:
             self._want_page()
         return msg
@@ -291,11 +296,15 @@ class Group(MemoryWindow, GroupAdmin):
             return Outcome.NOT_OWNER
         self.finish_count += 1
         c.counts[ACKNOWLEDGED] += 1
-        c.latency.observe_ns(time.time_ns() - entry.message.timestamp)
-        self.journal.removed(self, (entry.message,))
+        msg = entry.message
+        c.latency.observe_ns(time.time_ns() - msg.timestamp)
+        self.recorder.finished(msg)
         if self.archive is not None:
-            self.archive.record(events.ACKNOWLEDGED, entry.message, self.name, c.sink)
-        self._deadlines.trim(self.in_flight)
+            self.archive.record(events.ACKNOWLEDGED, msg, self.name, c.sink)
+        deadlines = self._deadlines
+        deadlines.finished += 1
+        if deadlines.finished >= TRIM_EVERY:
+            deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
             c.waiting = True
@@ -313,7 +322,7 @@ class Group(MemoryWindow, GroupAdmin):
         del self.in_flight[msg.id]
         self.finish_count += 1
         entry.consumer.counts[ACKNOWLEDGED] += 1
-        self.journal.removed(self, (msg,))
+        self.recorder.finished(msg)
         if self.archive is not None:
             self.archive.record(events.ACKNOWLEDGED, msg, self.name, entry.consumer.sink)
         self._release_slot(entry.consumer)
@@ -321,7 +330,10 @@ class Group(MemoryWindow, GroupAdmin):
     def _release_slot(self, c: Consumer) -> None:
         # finished deliveries leave stale deadline entries behind; drop them before they
         # pile up (at 10^5 acks a second they would be millions per msg_timeout)
-        self._deadlines.trim(self.in_flight)
+        deadlines = self._deadlines
+        deadlines.finished += 1
+        if deadlines.finished >= TRIM_EVERY:
+            deadlines.trim(self.in_flight)
         c.in_flight -= 1
         if c.attached and not c.waiting and c.in_flight < c.ready:
             c.waiting = True

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.model import Message
-from gateway.stores.base import Key, Store
+from gateway.stores.base import GroupRecorder, Key, Store
 
 if TYPE_CHECKING:
     from gateway.broker.group import Group
@@ -46,24 +46,33 @@ def from_wall(due: float) -> float:
 
 
 class Journal:
-    __slots__ = ("_ceiling", "store")
+    __slots__ = ("ceiling", "store")
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._ceiling = 0
+        # the end of the block of ids reserved in the store; the broker compares each
+        # publish's last id with it before calling ids_used (one test instead of a call)
+        self.ceiling = 0
 
     def opened(self, last_id: int) -> None:
-        self._ceiling = last_id
+        self.ceiling = last_id
 
     # -- messages --------------------------------------------------------------
 
     def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
         """One publish's messages into `groups` (none: the topic's backlog). Ephemeral
         groups are left out; the body is stored once for all of the others."""
-        names = [g.name for g in groups if not g.ephemeral] if groups else []
-        if groups and not names:
-            return
-        self.store.put(topic.name, names, messages, to_wall(messages[0].deliver_at))
+        if len(groups) == 1:  # the common case, without a list to build
+            (group,) = groups
+            if group.ephemeral:
+                return
+            names: Sequence[str] = (group.name,)
+        else:
+            names = [g.name for g in groups if not g.ephemeral]
+            if groups and not names:
+                return
+        due = messages[0].deliver_at
+        self.store.put(topic.name, names, messages, to_wall(due) if due > 0.0 else 0.0)
 
     def changed(
         self,
@@ -87,6 +96,12 @@ class Journal:
             # a claim exists only in a shared store: its owner alone may still change it
             expect=expect if self.store.shares else "*",
         )
+
+    def recorder(self, group: Group) -> GroupRecorder:
+        """The group's door for its deliveries and finishes (see GroupRecorder)."""
+        if self.store.shares:
+            return _ClaimRecorder(self.store, group.topic.name, group.name)
+        return self.store.recorder(group.topic.name, group.name)
 
     def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
         # in flight: ready as far as the store knows, with the attempt counted, so that a
@@ -112,9 +127,9 @@ class Journal:
         self.store.remove(topic.name, None, messages)
 
     def ids_used(self, last_id: int) -> None:
-        if last_id > self._ceiling:
-            self._ceiling = last_id + ID_BLOCK
-            self.store.reserve_ids(self._ceiling)
+        if last_id > self.ceiling:
+            self.ceiling = last_id + ID_BLOCK
+            self.store.reserve_ids(self.ceiling)
 
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         """Page in ready messages a durable store kept on disk, broker clock (due now)."""
@@ -144,6 +159,28 @@ class Journal:
         self.store.set_paused(topic.name, None if group is None else group.name, paused)
 
 
+class _ClaimRecorder(GroupRecorder):
+    """A shared store's: a delivery keeps the claim of this gateway until its deadline."""
+
+    __slots__ = ()
+
+    def delivered(self, message: Message, deadline: float) -> None:
+        self.store.claimed(self.topic, self.group, message, to_wall(deadline))  # type: ignore[attr-defined]
+
+
+class _NullRecorder(GroupRecorder):
+    __slots__ = ()
+
+    def delivered(self, message: Message, deadline: float) -> None:
+        pass
+
+    def finished(self, message: Message) -> None:
+        pass
+
+
+_NULL_RECORDER = _NullRecorder(None, "", "")  # type: ignore[arg-type]
+
+
 class _NullJournal(Journal):
     """For ephemeral topics and groups: records nothing."""
 
@@ -165,6 +202,9 @@ class _NullJournal(Journal):
         expect: str = "*",
     ) -> None:
         pass
+
+    def recorder(self, group: Group) -> GroupRecorder:
+        return _NULL_RECORDER
 
     def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
         pass

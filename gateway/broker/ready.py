@@ -18,19 +18,21 @@ from gateway.model import Message
 
 
 class ReadyQueue:
-    __slots__ = ("_lanes", "_late", "_len", "_priorities")
+    __slots__ = ("_lanes", "_late", "_priorities", "size")
 
     def __init__(self) -> None:
         self._lanes: dict[int, deque[Message]] = {}
         self._priorities: list[int] = []  # sorted; the priorities whose lane is not empty
         self._late: list[tuple[int, int, Message]] = []
-        self._len = 0
+        # how many messages are queued: a plain attribute, which the group's dispatch
+        # loop reads on every delivery (len() and bool() are Python-level calls here)
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._len
+        return self.size
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.size > 0
 
     def push(self, msg: Message) -> None:
         lane = self._lanes.get(msg.priority)
@@ -41,7 +43,7 @@ class ReadyQueue:
             heappush(self._late, (msg.priority, msg.id, msg))
         else:
             lane.append(msg)
-        self._len += 1
+        self.size += 1
 
     def extend(self, msgs: list[Message]) -> None:
         """Push one publish's messages: one priority, ids ascending. When they come after
@@ -55,7 +57,7 @@ class ReadyQueue:
                 lane = self._lanes[first.priority] = deque()
                 insort(self._priorities, first.priority)
             lane.extend(msgs)
-            self._len += len(msgs)
+            self.size += len(msgs)
             return
         for msg in msgs:
             self.push(msg)
@@ -89,10 +91,10 @@ class ReadyQueue:
                 if not lane:
                     del self._lanes[p]
                     del self._priorities[0]
-                self._len -= 1
+                self.size -= 1
                 return head
         msg = heappop(late)[2]
-        self._len -= 1
+        self.size -= 1
         return msg
 
     def max_key(self) -> tuple[int, int] | None:
@@ -118,14 +120,14 @@ class ReadyQueue:
                 if not lane:
                     del self._lanes[msg.priority]
                     self._priorities.remove(msg.priority)
-                self._len -= 1
+                self.size -= 1
                 return True
         for i, entry in enumerate(self._late):
             if entry[2] is msg:
                 self._late[i] = self._late[-1]
                 self._late.pop()
                 heapify(self._late)
-                self._len -= 1
+                self.size -= 1
                 return True
         return False
 
@@ -134,7 +136,7 @@ class ReadyQueue:
         self._lanes.clear()
         self._priorities.clear()
         self._late.clear()
-        self._len = 0
+        self.size = 0
         return out
 
     def __iter__(self) -> Iterator[Message]:

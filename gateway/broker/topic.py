@@ -36,12 +36,13 @@ class Topic:
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None
 
-    def put(self, messages: list[Message]) -> None:
-        """One publish's messages (one priority and delay, ids ascending)."""
+    def put(self, messages: list[Message], nbytes: int) -> None:
+        """One publish's messages (one priority and delay, ids ascending), `nbytes` of
+        bodies."""
         if self.archive is not None:
             self.archive.published(messages)
         self.message_count += len(messages)
-        self.message_bytes += sum([len(m.body) for m in messages])
+        self.message_bytes += nbytes
         if self.shared:
             self.journal.put(self, (), messages)
             local = [g for g in self.groups.values() if g.ephemeral]
@@ -51,15 +52,21 @@ class Topic:
                 if not g.ephemeral:
                     g.put(messages, fresh=True)  # counts, and claims if consumers wait
             return
-        if self.paused or not self.groups:
+        groups = self.groups
+        if self.paused or not groups:
             self.backlog.extend(messages)
             self.journal.put(self, (), messages)
             return
-        groups = list(self.groups.values())
+        if len(groups) == 1:  # the common case: no list to build, no copies to make
+            (group,) = groups.values()
+            self.journal.put(self, (group,), messages)
+            group.put(messages, fresh=True)
+            return
         # recorded once for every group (the body is stored once), before any group can
         # deliver one of them and record that
-        self.journal.put(self, groups, messages)
-        self._fan_out(groups, messages, fresh=True)
+        every = list(groups.values())
+        self.journal.put(self, every, messages)
+        self._fan_out(every, messages, fresh=True)
 
     def _fan_out(
         self, groups: list[Group], messages: list[Message], *, fresh: bool = False

@@ -76,6 +76,30 @@ class StoreStats:
     messages_on_disk: int = 0
 
 
+class GroupRecorder:
+    """One group's door for the two calls made on every message, a delivery and a finish,
+    with the topic's and group's names bound once: the broker's hot paths make one call
+    here instead of a journal call and a store call that looks the group up by name. A
+    store may return its own, bound to its record of the group (the memory store does)."""
+
+    __slots__ = ("group", "store", "topic")
+
+    def __init__(self, store: Store, topic: str, group: str) -> None:
+        self.store = store
+        self.topic = topic
+        self.group = group
+
+    def delivered(self, message: Message, deadline: float) -> None:
+        """Delivered: ready as far as the store knows, with the attempt counted, so that a
+        crash now brings it back with attempts + 1. `deadline` (broker clock) matters to
+        a shared store only, which keeps the message claimed until then."""
+        self.store.update(self.topic, self.group, message, 0.0)
+
+    def finished(self, message: Message) -> None:
+        """Acknowledged (NSQ FIN, beanstalkd delete of a reserved job)."""
+        self.store.remove(self.topic, self.group, (message,))
+
+
 class Store(abc.ABC):
     durable: ClassVar[bool] = False
     # True when `open()` may leave ready messages on disk (StoredGroup.spilled) for the
@@ -133,6 +157,11 @@ class Store(abc.ABC):
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         """Messages acknowledged or deleted (`group` None: from the topic's backlog). Their
         priority is the one last recorded."""
+
+    def recorder(self, topic: str, group: str) -> GroupRecorder:
+        """The hot-path door of one group (created when the broker makes the group, after
+        add_group)."""
+        return GroupRecorder(self, topic, group)
 
     @abc.abstractmethod
     def add_topic(self, topic: str) -> None: ...

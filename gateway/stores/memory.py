@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gateway.model import Message
-from gateway.stores.base import Store, StoredGroup, StoredState, StoredTopic
+from gateway.stores.base import GroupRecorder, Store, StoredGroup, StoredState, StoredTopic
 
 # What a durable store would write for one message in one group: the per-group fields as
 # they are when recorded, beside the live message for the fields that never change after a
@@ -57,6 +57,29 @@ def _restore(record: _Record) -> Message:
     return m
 
 
+class _Recorder(GroupRecorder):
+    """A group's door bound to the store's record of it: a delivery or a finish is one
+    dict operation, with no lookup by name."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, store: MemoryStore, topic: str, group: str) -> None:
+        super().__init__(store, topic, group)
+        self._record = store._group(store._topic(topic), group)
+
+    def delivered(self, message: Message, deadline: float) -> None:
+        g = self._record
+        g.messages[message.id] = (message, message.attempts, message.priority, 0.0)
+        if g.buried:
+            g.buried.discard(message.id)
+
+    def finished(self, message: Message) -> None:
+        g = self._record
+        g.messages.pop(message.id, None)
+        if g.buried:
+            g.buried.discard(message.id)
+
+
 class MemoryStore(Store):
     durable = False
 
@@ -94,8 +117,14 @@ class MemoryStore(Store):
     ) -> None:
         if not messages:
             return
-        t = self._topic(topic)
-        targets = [self._group(t, g).messages for g in groups] if groups else [t.backlog]
+        t = self._topics.get(topic) or self._topic(topic)
+        if not groups:
+            targets: Sequence[dict[int, _Record]] = (t.backlog,)
+        elif len(groups) == 1:  # the common case: one lookup, no list
+            g = t.groups.get(groups[0])
+            targets = ((g or self._group(t, groups[0])).messages,)
+        else:
+            targets = [self._group(t, name).messages for name in groups]
         for target in targets:
             for msg in messages:
                 target[msg.id] = (msg, msg.attempts, msg.priority, due)
@@ -141,6 +170,9 @@ class MemoryStore(Store):
             records.pop(m.id, None)
             if buried:
                 buried.discard(m.id)
+
+    def recorder(self, topic: str, group: str) -> GroupRecorder:
+        return _Recorder(self, topic, group)
 
     def add_topic(self, topic: str) -> None:
         self._topic(topic)

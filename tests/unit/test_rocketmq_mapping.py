@@ -148,8 +148,10 @@ def test_fuzz_records(data: bytes) -> None:
 @given(st.text(max_size=200))
 def test_fuzz_properties_and_subscriptions(text: str) -> None:
     headers = headers_from_properties(text)
-    # what came in as properties goes out as the same properties
-    assert decode_properties(properties_text(headers)) == dict(headers)
+    # what came in as properties goes out as the same properties, but for a value holding
+    # \x01 (Java reads "a\x01b\x01c" as a = "b\x01c", other clients split it), left out
+    carried = {name: value for name, value in headers if "\x01" not in value}
+    assert decode_properties(properties_text(headers)) == carried
     sub = parse_subscription(text)
     assert sub.tags is None or all(t and t == t.strip() for t in sub.tags)
 
