@@ -5,10 +5,10 @@ a FIFO holds nearly all of them at O(1) a delivery; only a deadline earlier than
 FIFO's tail (a shorter timeout, a TOUCH overtaken by later deliveries) goes to a heap.
 Entries are never removed when a delivery is finished: an entry is live while its
 InFlight object is still the group's record for that message with the same deadline.
-The FIFO's head is trimmed every TRIM_EVERY finishes (once per finish cost a call and two
-liveness checks on every acknowledgement), which keeps it short when consumers finish
-roughly in delivery order; a full compaction bounds it otherwise. A stale head only makes
-the timer look a little early: pop_due's callers check liveness.
+A finish of the FIFO's head (consumers finish roughly in delivery order) drops it at once,
+by identity; other finishes leave a stale entry, and the head is trimmed of those every
+TRIM_EVERY of them; a full compaction bounds the rest. A stale head only makes the timer
+look a little early: pop_due's callers check liveness.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ TRIM_EVERY = 64  # finishes between two trims of the FIFO's stale head
 
 
 class Deadlines:
-    __slots__ = ("_fifo", "_heap", "_seq", "finished")
+    __slots__ = ("_fifo", "_heap", "_seq", "stale")
 
     def __init__(self) -> None:
         self._fifo: deque[tuple[float, InFlight]] = deque()
         self._heap: list[tuple[float, int, InFlight]] = []
         self._seq = itertools.count()
-        # finishes since the last trim; the group counts them and trims at TRIM_EVERY
-        self.finished = 0
+        self.stale = 0  # finishes that left an entry behind since the last trim
 
     def __len__(self) -> int:
         return len(self._fifo) + len(self._heap)
@@ -62,8 +61,18 @@ class Deadlines:
             deadline, _, entry = heappop(heap)
             yield deadline, entry
 
+    def finished(self, entry: InFlight, in_flight: dict[int, InFlight]) -> None:
+        """`entry` is no longer in flight (already out of `in_flight`)."""
+        fifo = self._fifo
+        if fifo and fifo[0][1] is entry:
+            fifo.popleft()
+            return
+        self.stale += 1
+        if self.stale >= TRIM_EVERY:
+            self.trim(in_flight)
+
     def trim(self, in_flight: dict[int, InFlight]) -> None:
-        self.finished = 0
+        self.stale = 0
         fifo = self._fifo
         while fifo:
             deadline, entry = fifo[0]
