@@ -33,6 +33,7 @@ log = logging.getLogger("gateway.broker")
 # the per-group memory window of a paging (durable) store, unless configured
 DEFAULT_WINDOW = 10_000
 RETIRED_MAX = 1000  # deleted groups (and topics) whose counters are kept by name
+_PROTOCOLS_KEPT = 4096  # origins whose protocol is remembered (one per connection)
 
 
 class Broker:
@@ -69,9 +70,13 @@ class Broker:
         # Told when a topic gets its first group (True) or loses its last (False): a NATS
         # cluster route announces interest in exactly the topics that keep messages.
         self.on_groups: Callable[[str, bool], None] | None = None
-        # for metrics: messages published per protocol (topic or not), and the
+        # for metrics: messages published per protocol to no kept topic (a NATS publish
+        # only subscribers see; the rest is counted per topic, see published_by), and the
         # publish -> acknowledgement latency per consumer protocol
-        self.published_by: dict[str, int] = {}
+        self.published_untopiced: dict[str, int] = {}
+        # each publisher's protocol by its origin ("<protocol> <peer>", one string per
+        # connection): a lookup instead of a split on every publish
+        self._protocols: dict[str, str] = {}
         self.ack_latency: dict[str, Histogram] = {}
         # Counters of deleted groups and topics, kept so that a Prometheus counter never
         # goes back or disappears while the process runs (a beanstalkd tube is deleted
@@ -218,6 +223,18 @@ class Broker:
                 buried,
             )
 
+    @property
+    def published_by(self) -> dict[str, int]:
+        """Messages published per protocol, topic or not, deleted topics included."""
+        total = dict(self.published_untopiced)
+        for counts in (
+            *(t.published_by for t in self.topics.values()),
+            *self.retired_published.values(),
+        ):
+            for protocol, n in counts.items():
+                total[protocol] = total.get(protocol, 0) + n
+        return total
+
     # -- topics and groups -----------------------------------------------------
 
     def topic(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Topic | None:
@@ -316,9 +333,11 @@ class Broker:
             if last > journal.ceiling:
                 journal.ids_used(last)
         self.published_count += n
-        protocol = origin.split(" ", 1)[0] or "other"
-        by = self.published_by
-        by[protocol] = by.get(protocol, 0) + n
+        protocol = self._protocols.get(origin)
+        if protocol is None:
+            if len(self._protocols) >= _PROTOCOLS_KEPT:
+                self._protocols.clear()
+            protocol = self._protocols[origin] = origin.split(" ", 1)[0] or "other"
         # positional arguments: this runs once per message on the publish hot path
         if n == 1:
             msgs = [
@@ -337,9 +356,9 @@ class Broker:
         if header_block is not None:
             for m in msgs:
                 m.header_block = header_block
+        by = self.published_untopiced if t is None else t.published_by
+        by[protocol] = by.get(protocol, 0) + n
         if t is not None:
-            by = t.published_by
-            by[protocol] = by.get(protocol, 0) + n
             t.put(msgs, len(bodies[0]) if n == 1 else sum(map(len, bodies)))
         if self.taps:
             self.taps.deliver(msgs, publisher, routed)
