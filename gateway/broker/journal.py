@@ -62,17 +62,15 @@ class Journal:
     def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
         """One publish's messages into `groups` (none: the topic's backlog). Ephemeral
         groups are left out; the body is stored once for all of the others."""
-        if len(groups) == 1:  # the common case, without a list to build
-            (group,) = groups
-            if group.ephemeral:
-                return
-            names: Sequence[str] = (group.name,)
-        else:
-            names = [g.name for g in groups if not g.ephemeral]
-            if groups and not names:
-                return
         due = messages[0].deliver_at
-        self.store.put(topic.name, names, messages, to_wall(due) if due > 0.0 else 0.0)
+        wall = to_wall(due) if due > 0.0 else 0.0
+        if len(groups) == 1:  # the common case: the group's own door (a no-op if ephemeral)
+            groups[0].recorder.put(messages, wall)
+            return
+        names = [g.name for g in groups if not g.ephemeral]
+        if groups and not names:
+            return
+        self.store.put(topic.name, names, messages, wall)
 
     def changed(
         self,
@@ -170,6 +168,9 @@ class _ClaimRecorder(GroupRecorder):
 
 class _NullRecorder(GroupRecorder):
     __slots__ = ()
+
+    def put(self, messages: Sequence[Message], due: float) -> None:
+        pass
 
     def delivered(self, message: Message, deadline: float) -> None:
         pass

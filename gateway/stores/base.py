@@ -77,7 +77,8 @@ class StoreStats:
 
 
 class GroupRecorder:
-    """One group's door for the two calls made on every message, a delivery and a finish,
+    """One group's door for the calls made on every message (a publish into this group
+    alone, a delivery, a finish),
     with the topic's and group's names bound once: the broker's hot paths make one call
     here instead of a journal call and a store call that looks the group up by name. A
     store may return its own, bound to its record of the group (the memory store does)."""
@@ -88,6 +89,10 @@ class GroupRecorder:
         self.store = store
         self.topic = topic
         self.group = group
+
+    def put(self, messages: Sequence[Message], due: float) -> None:
+        """One publish's messages into this group alone (Store.put with one group)."""
+        self.store.put(self.topic, (self.group,), messages, due)
 
     def delivered(self, message: Message, deadline: float) -> None:
         """Delivered: ready as far as the store knows, with the attempt counted, so that a

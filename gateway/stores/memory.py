@@ -67,6 +67,15 @@ class _Recorder(GroupRecorder):
         super().__init__(store, topic, group)
         self._record = store._group(store._topic(topic), group)
 
+    def put(self, messages: Sequence[Message], due: float) -> None:
+        records = self._record.messages
+        for msg in messages:
+            records[msg.id] = (msg, msg.attempts, msg.priority, due)
+        store = self.store
+        last = messages[-1].id  # ids ascend within a publish
+        if last > store._last_id:  # type: ignore[attr-defined]
+            store._last_id = last  # type: ignore[attr-defined]
+
     def delivered(self, message: Message, deadline: float) -> None:
         g = self._record
         g.messages[message.id] = (message, message.attempts, message.priority, 0.0)
@@ -117,14 +126,8 @@ class MemoryStore(Store):
     ) -> None:
         if not messages:
             return
-        t = self._topics.get(topic) or self._topic(topic)
-        if not groups:
-            targets: Sequence[dict[int, _Record]] = (t.backlog,)
-        elif len(groups) == 1:  # the common case: one lookup, no list
-            g = t.groups.get(groups[0])
-            targets = ((g or self._group(t, groups[0])).messages,)
-        else:
-            targets = [self._group(t, name).messages for name in groups]
+        t = self._topic(topic)
+        targets = [self._group(t, g).messages for g in groups] if groups else [t.backlog]
         for target in targets:
             for msg in messages:
                 target[msg.id] = (msg, msg.attempts, msg.priority, due)
