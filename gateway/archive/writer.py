@@ -27,40 +27,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gateway.archive.events import PUBLISHED
+from gateway.archive.tables import DICTIONARY_COLUMNS, FILE_SCHEMA, SCHEMA, Entry, split, table
 from gateway.model import Message
 
 log = logging.getLogger("gateway.archive")
 
+__all__ = ["ROW_GROUP_ROWS", "SCHEMA", "Archive", "Recorder"]
 
-# Times are int64 nanoseconds, not Parquet TIMESTAMP(NANOS), which Spark cannot read.
-SCHEMA = pa.schema(
-    [
-        ("event", pa.string()),
-        ("time_ns", pa.int64()),
-        ("id", pa.int64()),
-        ("topic", pa.string()),
-        ("group", pa.string()),
-        ("producer", pa.string()),
-        ("consumer", pa.string()),
-        ("peer", pa.string()),
-        ("size", pa.int64()),
-        ("attempts", pa.int32()),
-        ("priority", pa.int64()),
-        ("publish_ns", pa.int64()),
-        ("body", pa.binary()),
-    ]
-)
+_BODY = attrgetter("body")
+
 
 # Rows per Parquet row group: large enough that the per-batch costs of building and
 # encoding it (13 columns, their pages and statistics) are spread thin (measured: 8,192
@@ -71,37 +52,6 @@ ROW_GROUP_ROWS = 32768
 IDLE_WAKE_SECONDS = 0.5
 _DAY_NS = 86_400 * 1_000_000_000
 
-_ID, _BODY, _ORIGIN, _TIMESTAMP, _ATTEMPTS, _PRIORITY = (
-    attrgetter(a) for a in ("id", "body", "origin", "timestamp", "attempts", "priority")
-)
-
-# one buffered event: (event, time_ns, message, topic, group, sink, attempts, priority)
-Row = tuple[str, int, Message, str, str, Any, int, int]
-# one publish's `published` events: (time_ns, messages, topic, attempts, priority, the
-# bodies end to end, their sizes)
-Batch = tuple[int, list[Message], str, int, int, bytes, list[int]]
-Entry = Row | Batch
-# Parquet settings: dictionaries for the columns that repeat (protocols, topics, peers),
-# none for the body, which rarely repeats; no min/max statistics of bodies either.
-_DICTIONARY = ["event", "topic", "group", "producer", "consumer", "peer"]
-# The writer builds those columns as Arrow dictionary arrays (a publish's topic and
-# publisher are one index repeated), which Parquet takes as they are instead of hashing
-# every value again. The files' columns are Parquet strings all the same: Spark sees
-# SCHEMA, and read.py casts back to it.
-_STRINGS = pa.dictionary(pa.int32(), pa.string())
-# The body column is written with 64-bit offsets: a row group's bodies may pass 2 GiB
-# (32,768 bodies of up to nsqd's 1 MiB); Parquet stores the same byte arrays either way.
-_BODIES = pa.large_binary()
-FILE_SCHEMA = pa.schema(
-    [
-        pa.field(f.name, _STRINGS)
-        if f.name in _DICTIONARY
-        else pa.field(f.name, _BODIES)
-        if f.name == "body"
-        else f
-        for f in SCHEMA
-    ]
-)
 # Min/max statistics for the columns readers filter on (the report's --since/--until and
 # --topic, replay's --event), which lets them skip row groups; none for the rest.
 _STATISTICS = ["event", "time_ns", "id", "topic", "group", "publish_ns"]
@@ -185,7 +135,7 @@ class _Segment:
             self.temporary,
             FILE_SCHEMA,
             compression=compression,
-            use_dictionary=_DICTIONARY,
+            use_dictionary=DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS,
         )
 
@@ -298,7 +248,7 @@ class Archive:
                 pending.append(entry)
                 count += n
                 while count >= ROW_GROUP_ROWS:
-                    group, pending = _split(pending, ROW_GROUP_ROWS)
+                    group, pending = split(pending, ROW_GROUP_ROWS)
                     count -= ROW_GROUP_ROWS
                     self._write(group)
             if pending and (closing or asked > self._flush_done):
@@ -333,7 +283,7 @@ class Archive:
 
     def _write_day(self, day: int, entries: list[Entry]) -> None:
         try:
-            table = self._table(entries)
+            events = table(entries, self.body)
             segment = self._segment
             if segment is not None and segment.day != day:
                 self._close_segment()
@@ -343,8 +293,8 @@ class Archive:
                 segment = self._segment = _Segment(
                     self.directory, day, self._seq, self._clock(), self.compression
                 )
-            segment.writer.write_table(table, row_group_size=table.num_rows)
-            self.written += table.num_rows
+            segment.writer.write_table(events, row_group_size=events.num_rows)
+            self.written += events.num_rows
             if segment.size() >= self.segment_bytes:
                 self._close_segment()
         except Exception as exc:  # the writer must outlive any one bad batch
@@ -363,138 +313,3 @@ class Archive:
         except (OSError, pa.ArrowException) as exc:
             self.write_errors += 1
             log.error("archive: closing %s failed: %s", segment.path, exc)
-
-    def _table(self, entries: list[Entry]) -> pa.Table:
-        """One table of the entries in order: each run of publishes and each run of other
-        events built column at a time, C-level where possible (zip, map, attrgetter, Arrow
-        kernels): this runs on the writer thread but holds the GIL the broker needs."""
-        tables = []
-        start = 0
-        for i in range(1, len(entries) + 1):
-            if i == len(entries) or (len(entries[i]) == 8) != (len(entries[start]) == 8):
-                run = entries[start:i]
-                if len(run[0]) == 8:
-                    tables.append(self._rows_table(run))  # type: ignore[arg-type]
-                else:
-                    tables.append(self._published_table(run))  # type: ignore[arg-type]
-                start = i
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-
-    def _bodies(self, raw: list[bytes]) -> tuple[pa.Array, pa.Array]:
-        bodies = pa.array(raw, type=_BODIES)
-        sizes = pc.binary_length(bodies).cast(pa.int64())
-        return self._body_mode(bodies), sizes
-
-    def _body_mode(self, bodies: pa.Array) -> pa.Array:
-        """The body column as `[archive] body` asks: whole, none, or the first N bytes."""
-        if self.body == "none":
-            return pa.nulls(len(bodies), type=_BODIES)
-        if self.body != "full":
-            return pc.binary_slice(bodies, 0, int(self.body))
-        return bodies
-
-    def _published_table(self, batches: list[Batch]) -> pa.Table:
-        """A run of publishes, column at a time: every column but the body comes from each
-        publish's first message and its count (numpy repeats, no pass over the messages);
-        the bodies are the publishes' copies joined, with offsets from their sizes."""
-        times, groups, topics, attempts, priorities, blobs, sizes = zip(*batches, strict=True)
-        firsts = [m[0] for m in groups]
-        counts = np.fromiter(map(len, groups), np.int64, len(groups))
-        n = int(counts.sum())
-        # ids: each publish's first id, then consecutive
-        starts = np.cumsum(counts) - counts
-        ids = np.arange(n, dtype=np.int64) + np.repeat(
-            np.fromiter(map(_ID, firsts), np.int64, len(firsts)) - starts, counts
-        )
-        origins = [o.partition(" ") for o in map(_ORIGIN, firsts)]
-        lengths = np.fromiter(chain.from_iterable(sizes), np.int64, n)
-        if self.body == "none":
-            bodies = pa.nulls(n, type=_BODIES)
-        else:
-            offsets = np.zeros(n + 1, np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            data = b"".join(blobs)
-            bodies = pa.Array.from_buffers(
-                _BODIES, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-            )
-            bodies = self._body_mode(bodies)
-        empty = _repeat_strings(("",), counts[:1], n)
-        columns = [
-            _repeat_strings((PUBLISHED,), counts[:1], n),
-            np.repeat(np.array(times, np.int64), counts),
-            ids,
-            _repeat_strings(topics, counts, n),
-            empty,
-            _repeat_strings([o[0] for o in origins], counts, n),
-            empty,
-            _repeat_strings([o[2] for o in origins], counts, n),
-            lengths,
-            np.repeat(np.array(attempts, np.int32), counts),
-            np.repeat(np.array(priorities, np.int64), counts),
-            np.repeat(np.fromiter(map(_TIMESTAMP, firsts), np.int64, len(firsts)), counts),
-            bodies,
-        ]
-        return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
-
-    def _rows_table(self, rows: list[Row]) -> pa.Table:
-        events, times, msgs, topics, groups, sinks, attempts, priorities = zip(*rows, strict=True)
-        origins = list(map(_ORIGIN, msgs))
-        split = {o: o.partition(" ") for o in set(origins)}
-        # by identity: a sink need not be hashable
-        sink_info = {
-            id(s): ("", "") if s is None else (getattr(s, "protocol", ""), getattr(s, "remote", ""))
-            for s in sinks
-        }
-        peers = [
-            sink_info[id(s)][1] or "" if s is not None else (split[o][2] if e == PUBLISHED else "")
-            for e, o, s in zip(events, origins, sinks, strict=True)
-        ]
-        bodies, sizes = self._bodies(list(map(_BODY, msgs)))
-        columns = [
-            pa.array(events, type=_STRINGS),
-            pa.array(times, type=pa.int64()),
-            pa.array(list(map(_ID, msgs)), type=pa.int64()),
-            pa.array(topics, type=_STRINGS),
-            pa.array(groups, type=_STRINGS),
-            pa.array([split[o][0] for o in origins], type=_STRINGS),
-            pa.array([sink_info[id(s)][0] for s in sinks], type=_STRINGS),
-            pa.array(peers, type=_STRINGS),
-            sizes,
-            pa.array(attempts, type=pa.int32()),
-            pa.array(priorities, type=pa.int64()),
-            pa.array(list(map(_TIMESTAMP, msgs)), type=pa.int64()),
-            bodies,
-        ]
-        return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
-
-
-def _repeat_strings(values: list[str] | tuple[str, ...], counts: np.ndarray, n: int) -> pa.Array:
-    """Each of `values` repeated its count of times, as a dictionary array: indices
-    repeated by numpy, each distinct string once (an MPUB's publisher is one index)."""
-    distinct = list(dict.fromkeys(values))
-    if len(distinct) == 1:
-        indices = np.zeros(n, np.int32)
-    else:
-        index = {v: i for i, v in enumerate(distinct)}
-        codes = np.fromiter(map(index.__getitem__, values), np.int32, len(values))
-        indices = np.repeat(codes, counts)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(distinct, pa.string()))
-
-
-def _split(entries: list[Entry], rows: int) -> tuple[list[Entry], list[Entry]]:
-    """The first `rows` events of `entries`, and the rest (a publish cut where needed)."""
-    head: list[Entry] = []
-    for i, entry in enumerate(entries):
-        n = 1 if len(entry) == 8 else len(entry[1])
-        if n <= rows:
-            head.append(entry)
-            rows -= n
-            if rows == 0:
-                return head, entries[i + 1 :]
-            continue
-        t, msgs, topic, attempts, priority, blob, sizes = entry  # type: ignore[misc]
-        cut = sum(sizes[:rows]) if blob else 0
-        head.append((t, msgs[:rows], topic, attempts, priority, blob[:cut], sizes[:rows]))
-        rest = (t, msgs[rows:], topic, attempts, priority, blob[cut:], sizes[rows:])
-        return head, [rest, *entries[i + 1 :]]
-    return head, []
