@@ -103,7 +103,9 @@ class Recorder:
             )
         )
         archive.queued += len(msgs)
-        if archive.queued - archive.taken >= ROW_GROUP_ROWS:
+        # a row group's worth waits: wake the writer, once (set() takes a lock and
+        # notifies; until the writer runs, every publish would do it again)
+        if archive.queued - archive.taken >= ROW_GROUP_ROWS and not archive._wake.is_set():
             archive._wake.set()
 
     def record(self, event: str, msg: Message, group: str, sink: object | None = None) -> None:
