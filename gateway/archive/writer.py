@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
@@ -70,15 +70,18 @@ class Recorder:
         self._limit = archive.buffer_limit
         self.topic = topic
 
-    def published(self, messages: Iterable[Message]) -> None:
+    def published(self, messages: Iterable[Message], bodies: Sequence[bytes] | None = None) -> None:
         """One publish's messages (Topic.put's contract: ids consecutive, one timestamp,
-        origin and priority, no attempts yet): one buffer entry. The writer derives every
+        origin and priority, no attempts yet), and their bodies when the caller has them
+        as a list (the broker does: one pass over the messages to fetch them costs more
+        than the rest of this together): one buffer entry. The writer derives every
         column but the body from the first message and the count; the bodies are copied
-        end to end here, while the publisher's frame is still in the CPU's cache (three
-        C-level passes over the publish), so the writer never touches them one by one."""
+        end to end here, while the publisher's frame is still in the CPU's cache, so the
+        writer never touches them one by one."""
         msgs = messages if isinstance(messages, list) else list(messages)
         if not msgs:
             return
+        raw = list(map(_BODY, msgs)) if bodies is None else bodies
         archive = self._archive
         room = self._limit - (archive.queued - archive.taken)
         if room < len(msgs):
@@ -86,7 +89,7 @@ class Recorder:
             if room <= 0:
                 return
             msgs = msgs[:room]
-        raw = list(map(_BODY, msgs))
+            raw = raw[:room]
         blob = b"" if archive.body == "none" else b"".join(raw)
         # attempts and priority as they are now (a release may change them before the
         # writer runs); one publish shares them

@@ -359,7 +359,7 @@ class Broker:
         by = self.published_untopiced if t is None else t.published_by
         by[protocol] = by.get(protocol, 0) + n
         if t is not None:
-            t.put(msgs, len(bodies[0]) if n == 1 else sum(map(len, bodies)))
+            t.put(msgs, bodies)
         if self.taps:
             self.taps.deliver(msgs, publisher, routed)
         return msgs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gateway.archive.events import DELETED
@@ -36,13 +37,14 @@ class Topic:
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None
 
-    def put(self, messages: list[Message], nbytes: int) -> None:
-        """One publish's messages (one priority and delay, ids ascending), `nbytes` of
-        bodies."""
+    def put(self, messages: list[Message], bodies: Sequence[bytes]) -> None:
+        """One publish's messages (one priority and delay, ids ascending) and their
+        bodies, as the publisher gave them."""
         if self.archive is not None:
-            self.archive.published(messages)
-        self.message_count += len(messages)
-        self.message_bytes += nbytes
+            self.archive.published(messages, bodies)
+        n = len(messages)
+        self.message_count += n
+        self.message_bytes += len(bodies[0]) if n == 1 else sum(map(len, bodies))
         if self.shared:
             self.journal.put(self, (), messages)
             local = [g for g in self.groups.values() if g.ephemeral]
