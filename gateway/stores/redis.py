@@ -33,7 +33,8 @@ from gateway.stores.redis_codec import (
     NOTIFY,
     TOPICS_KEY,
     hex_id,
-    pack_all,
+    batches,
+    pack_batch,
     topic_key,
     unpack_flat,
 )
@@ -193,23 +194,23 @@ class RedisStore(Store):
     ) -> None:
         if not messages:
             return
-        # one publish has one priority; a store caller may mix them: one call per run
-        start = 0
-        for i in range(1, len(messages) + 1):
-            if i == len(messages) or (
-                messages[i].priority != messages[start].priority
-                or messages[i].attempts != messages[start].attempts
-            ):
-                run = messages[start:i]
-                first = run[0]
-                # shared: Redis resolves the groups (-1), atomically with the put
-                where = [-1] if self.shares else [len(groups), *groups]
-                self._record(
-                    "gw_put",
-                    topic,
-                    [_ms(due), first.attempts, first.priority, *where, *pack_all(run)],
-                )
-                start = i
+        # shared: Redis resolves the groups (-1), atomically with the put
+        where = [-1] if self.shares else [len(groups), *groups]
+        for run in batches(messages):  # one publish is one batch: one argument per batch
+            first = run[0]
+            self._record(
+                "gw_put",
+                topic,
+                [
+                    _ms(due),
+                    first.attempts,
+                    first.priority,
+                    *where,
+                    hex_id(first.id),
+                    hex_id(run[-1].id),
+                    pack_batch(run),
+                ],
+            )
         if due <= 0.0:
             self._notify(topic)
         last = messages[-1].id

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from gateway.stores.base import StoreError
-from gateway.stores.redis_lua import LIBRARY
+from gateway.stores.redis_lua import LIBRARY, OLD_LIBRARIES
 from gateway.stores.redis_url import RedisTarget
 
 log = logging.getLogger("gateway.store")
@@ -84,6 +84,12 @@ class RedisLink:
 
     async def load_library(self) -> None:
         with trio.fail_after(10):
+            # {name: details}, names as bytes (decode_responses is off)
+            names = {_text(name) for name in await self.client.function_list()}
+            for old in OLD_LIBRARIES:
+                # an older gateway's library holds functions of the same names
+                if old in names:
+                    await self.client.function_delete(old)
             await self.client.function_load(LIBRARY, replace=True)
 
     async def pipeline(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
@@ -155,6 +161,10 @@ class RedisLink:
         if self._started:
             with trio.move_on_after(5):
                 await self._done.wait()
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode() if isinstance(name, bytes) else name
 
 
 def _what(exc: BaseException) -> str:

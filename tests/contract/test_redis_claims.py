@@ -160,3 +160,31 @@ async def test_requeue_and_bury_go_back_to_redis_for_any_gateway(
         assert b.claims is not None
         await b.claims.refresh()
         assert gb.remote_buried == 1
+
+
+async def test_a_publish_is_stored_once_and_goes_with_its_last_entry(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """One batch per publish (the bodies end to end): two groups finishing at different
+    times, and a backlog handed to two groups, free it only with the last entry."""
+    async with gateway(redis_url, tmp_path) as a:
+        a.topic("t")
+        a.publish("t", [b"early %d" % i for i in range(30)])  # the backlog: no group yet
+        await a.flush()
+        a.topic("t").pause()
+        g1, g2 = a.group("t", "c1"), a.group("t", "c2")
+        a.topic("t").unpause()  # the backlog goes to both groups
+        s1, s2 = Finisher(), Finisher(hold=True)
+        g1.attach(s1, 60).set_ready(500)
+        c2 = g2.attach(s2, 60)
+        c2.set_ready(500)
+        a.publish("t", [b"%d" % i for i in range(100)])
+        await a.flush()
+        await until(lambda: len(s1.got) == 130 and len(s2.got) == 130)
+        await a.flush()
+        assert sorted(m.body for m in s2.got) == sorted(m.body for m in s1.got)
+        assert redis_server.cli("HLEN", "gw:{t}:m").strip() == "2"
+        for m in s2.got:
+            g2.finish(c2, m.id)
+        await a.flush()
+        assert redis_server.cli("EXISTS", "gw:{t}:m", "gw:{t}:n", "gw:{t}:x").strip() == "0"
