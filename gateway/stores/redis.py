@@ -38,6 +38,7 @@ from gateway.stores.redis_codec import (
     topic_key,
     unpack_flat,
 )
+from gateway.stores.redis_flights import Flights
 from gateway.stores.redis_link import RedisLink
 from gateway.stores.redis_url import RedisTarget
 
@@ -49,6 +50,9 @@ ID_BLOCK = 1 << 16
 # how long a claimed message that is not delivered yet stays claimed (it is delivered at
 # once: this bounds what a gateway that dies between claim and delivery holds back)
 CLAIM_LEASE = 30.0
+# pipelines on the wire at once (redis_flights.py): enough to keep Redis busy while the
+# gateway prepares the next, few enough that a publish waits for at most a few others
+PIPELINES_IN_FLIGHT = 4
 _COMMIT_DELAY = 0.002  # records nobody awaits are sent this soon
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
 _HEALTH_EVERY = 1.0
@@ -77,9 +81,9 @@ class RedisStore(Store):
         self.owner = f"{int(time.time() * 1000):x}-{id(self):x}"
         self._pending: list[_Op] = []
         self._notifying: set[str] = set()  # topics with a notification in _pending
-        self._recorded = 0  # calls recorded so far, and written
-        self._written = 0
-        self._lock = trio.Lock()
+        self._recorded = 0  # calls recorded so far
+        # pipelines on the wire, several at once where one connection keeps them in order
+        self._flights = Flights(PIPELINES_IN_FLIGHT if self.link.overlaps else 1)
         self._wake = trio.Event()
         self._block = (1, 0)  # next id, last id of the current block
         self._next_block: tuple[int, int] | None = None
@@ -310,32 +314,58 @@ class RedisStore(Store):
 
     async def flush(self) -> None:
         mine = self._recorded
-        if self._written >= mine and self.failed is None:
+        flights = self._flights
+        if flights.written >= mine and self.failed is None:
             return
-        async with self._lock:
-            if self._written >= mine:
-                return
-            await self._write()
+        while flights.written < mine:
+            if flights.submitted >= mine:
+                await flights.changed()  # on the wire: wait for its answer
+            else:
+                await self._write()  # raises StoreError when it cannot be written
 
     async def _write(self, read: _Op | None = None) -> Any:
-        """Send what is recorded; `read`: one more call at the end of the same pipeline,
-        whose reply is returned (a claim rides with the records before it)."""
+        """Send what is recorded as one pipeline, behind those already on the wire, and
+        wait until it counts as written; `read`: one more call at the end of the same
+        pipeline, whose reply is returned (a claim rides with the records before it)."""
+        flights = self._flights
+        while flights.full:
+            await flights.changed()
+        try:
+            await self.link.prepare()
+        except StoreError as exc:
+            self._failing(exc)
+            raise
+        while flights.full:  # a pipeline may have been sent meanwhile
+            await flights.changed()
+        # from here to link.send nothing awaits: the order of the records is the order on
+        # the wire
         ops, self._pending = self._pending, []
         self._notifying = set()
-        target = self._recorded
+        if not ops and read is None:
+            return None
+        seq = flights.start(self._recorded, ops)
+        replies: tuple[Any, ...] = ()
+        error: StoreError | None = None
         try:
-            replies = await self.link.pipeline(ops if read is None else [*ops, read])
+            replies = await self.link.send(ops if read is None else [*ops, read])
         except StoreError as exc:
-            self._pending[:0] = ops  # kept, in order, for the retry
-            if self.failed is None:
-                log.error("%s: writes fail, publishes are refused: %s", self.where, exc)
-            self.failed = exc
-            raise
+            error = exc
+        back = flights.answered(seq, error is None)
+        if back:
+            self._pending[:0] = back  # kept, in order, for the retry
+        if not await flights.verdict(seq):
+            error = error or StoreError(f"{self.where}: a write before this one failed")
+            self._failing(error)
+            raise error
         if self.failed is not None:
             log.warning("%s: writes succeed again", self.where)
             self.failed = None
-        self._written = target
         return replies[-1] if read is not None else None
+
+    def _failing(self, error: StoreError) -> None:
+        if self.failed is None:
+            log.error("%s: writes fail, publishes are refused: %s", self.where, error)
+        self.failed = error
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -373,9 +403,7 @@ class RedisStore(Store):
             await trio.sleep(_COMMIT_DELAY)
             while self._pending:
                 try:
-                    async with self._lock:
-                        if self._pending:
-                            await self._write()
+                    await self._write()
                     backoff = _RETRY_MIN
                 except StoreError:
                     await trio.sleep(backoff)
@@ -402,8 +430,8 @@ class RedisStore(Store):
         wall-clock time something else becomes due (0: nothing), and how many claims
         had expired."""
         op = ("gw_claim", topic_key(topic), [group, n, _ms(time.time()), _ms(lease), self.owner])
-        async with self._lock:  # after everything recorded before, in one round trip
-            nxt, expired, flat = await self._write(op)
+        # after everything recorded before, in the same round trip
+        nxt, expired, flat = await self._write(op)
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
     async def counts(

@@ -8,9 +8,10 @@ client lives in a system task of its own for as long as the store is open.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -36,6 +37,7 @@ class RedisLink:
         self._closed = trio.Event()
         self._done = trio.Event()
         self._started = False
+        self._writer: Any = None  # the connection of ordered writes (standalone Redis)
 
     async def connect(self) -> None:
         """Connect and load the library, retrying with back-off for `wait` seconds; raises
@@ -56,7 +58,7 @@ class RedisLink:
                 failure.append(exc)
                 ready.set()
             finally:
-                self.client = None
+                self.client = self._writer = None
                 self._done.set()
 
         self._started = True
@@ -115,20 +117,76 @@ class RedisLink:
         if client is None:
             raise ConnectionError("not connected")
         async with client.pipeline(transaction=False) as pipe:
-            for fn, key, args in ops:
-                if fn == "publish":
-                    pipe.publish(key, args[0])
-                elif fn == "hset":
-                    pipe.hset(key, {args[0]: args[1]})
-                elif fn == "hsetnx":
-                    pipe.hsetnx(key, args[0], args[1])
-                elif fn == "hdel":
-                    pipe.hdel(key, [args[0]])
-                elif fn == "hgetall":
-                    pipe.hgetall(key)
-                else:
-                    pipe.fcall(fn, [key], args)
+            _stack(pipe, ops)
         return tuple(pipe.results or ())
+
+    # -- ordered writes ----------------------------------------------------------
+    #
+    # The store's writes go through one connection of their own, so that several
+    # pipelines can be on the wire at once and Redis still applies them in the order
+    # they were sent (coredis multiplexes requests on a connection and matches the
+    # replies in order). A Cluster client routes each command to its node itself: there
+    # the store keeps one pipeline in flight (`overlaps` False).
+
+    @property
+    def overlaps(self) -> bool:
+        return not self.target.cluster
+
+    async def prepare(self) -> None:
+        """Lease the write connection again after a loss (the pool reconnects)."""
+        if not self.overlaps:
+            return
+        conn = self._writer
+        if conn is None or not conn.usable:
+            client = self.client
+            if client is None:
+                raise StoreError(f"{self.where}: not connected")
+            try:
+                with trio.fail_after(5):
+                    self._writer = await client.connection_pool.get_connection()
+            except Exception as exc:
+                self.up = False
+                raise StoreError(f"{self.where}: {_what(exc)}") from None
+
+    def send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> Awaitable[tuple[Any, ...]]:
+        """Put `ops` on the wire now, after every pipeline sent before (no await between
+        the caller's choice of ops and this); await the result for their replies. Raises
+        StoreError, at once or from the result."""
+        if not self.overlaps or not ops:
+            return self.pipeline(ops)
+        client, conn = self.client, self._writer
+        if client is None or conn is None:
+            raise StoreError(f"{self.where}: not connected")
+        pipe = client.pipeline(transaction=False)  # only to encode: it never executes
+        _stack(pipe, ops)
+        commands = list(pipe.command_stack)
+        try:
+            batch = conn.create_request_batch(commands)
+        except Exception as exc:
+            self.up = False
+            raise StoreError(f"{self.where}: {_what(exc)}") from None
+        return self._replies(commands, batch)
+
+    async def _replies(self, commands: list[Any], batch: Any) -> tuple[Any, ...]:
+        try:
+            responses = await batch
+        except Exception as exc:
+            self.up = False
+            raise StoreError(f"{self.where}: {_what(exc)}") from None
+        out = []
+        for cmd, response in zip(commands, responses, strict=True):
+            if isinstance(response, BaseException):
+                if "function not found" in str(response).lower():
+                    # Redis restarted without its data (or FUNCTION FLUSH): load it for
+                    # the retry, which the store makes with everything after this in order
+                    with contextlib.suppress(Exception):
+                        await self.load_library()
+                if isinstance(response, (ConnectionError, OSError, TimeoutError)):
+                    self.up = False
+                raise StoreError(f"{self.where}: {_what(response)}")
+            out.append(cmd.callback(response, **cmd.execution_parameters))
+        self.up = True
+        return tuple(out)
 
     async def listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
         """Call `on_message` with every message on `channel`; resubscribes after a loss."""
@@ -161,6 +219,22 @@ class RedisLink:
         if self._started:
             with trio.move_on_after(5):
                 await self._done.wait()
+
+
+def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
+    for fn, key, args in ops:
+        if fn == "publish":
+            pipe.publish(key, args[0])
+        elif fn == "hset":
+            pipe.hset(key, {args[0]: args[1]})
+        elif fn == "hsetnx":
+            pipe.hsetnx(key, args[0], args[1])
+        elif fn == "hdel":
+            pipe.hdel(key, [args[0]])
+        elif fn == "hgetall":
+            pipe.hgetall(key)
+        else:
+            pipe.fcall(fn, [key], args)
 
 
 def _text(name: bytes | str) -> str:

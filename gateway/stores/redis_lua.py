@@ -14,8 +14,12 @@ in docs/storage.md ("Redis"):
   n         hash  batch -> entries (message x group) still holding it; the batch goes
                   with the last
   groups    hash  group -> paused (0/1)
-  r:<g>     zset  ready, every score 0, member = 8 hex digits of priority + 16 of id, so
-                  lexicographic order is (priority, id) and ZRANGEBYLEX pages it
+  q:<g>     zset  ready since their publish: one member per publish, every score 0,
+                  "priority(8 hex) first(16):last(16)", the range of its ids
+  fresh     hash  group -> how many messages the ranges of q:<g> hold
+  r:<g>     zset  ready, placed one by one (requeued, promoted, kicked, or a range taken
+                  apart by a slow path): every score 0, member = 8 hex digits of
+                  priority + 16 of id, so lexicographic order is (priority, id) in both
   d:<g>     zset  deferred: score = due (ms since the epoch), member = id
   f:<g>     zset  claimed (in flight on some gateway): score = deadline (ms), member = id
   o:<g>     hash  id -> the claiming gateway
@@ -49,6 +53,32 @@ local function bulk(cmd, key, items)
     redis.call(cmd, key, unpack(items, i, j))
     i = j + 1
   end
+end
+
+-- A publish's ready messages wait in q:<g> as ONE member, the range of its ids
+-- "prio(8) first(16):last(16)": a publish costs a few commands whatever its size. Claims
+-- take from the ranges and from r:<g> (every message placed one by one: requeued,
+-- promoted, kicked) in (priority, id) order; `fresh` counts what the ranges hold. The
+-- slow paths (a fresh message changed or deleted by id, paging, snapshots, drops) first
+-- turn the ranges into members of r ("materialize"), and then see only r.
+local function materialize(p, g)
+  local q = p .. 'q:' .. g
+  local ranges = redis.call('ZRANGE', q, 0, -1)
+  if #ranges == 0 then return end
+  local qs = {}
+  for _, mem in ipairs(ranges) do
+    local pre = string.sub(mem, 1, 8)
+    for i = tonumber(string.sub(mem, 9, 24), 16), tonumber(string.sub(mem, 26, 41), 16) do
+      qs[#qs + 1] = 0; qs[#qs + 1] = pre .. string.format('%016x', i)
+    end
+  end
+  bulk('ZADD', p .. 'r:' .. g, qs)
+  redis.call('DEL', q)
+  redis.call('HDEL', p .. 'fresh', g)
+end
+
+local function ready_count(p, g)
+  return redis.call('ZCARD', p .. 'r:' .. g) + (tonumber(redis.call('HGET', p .. 'fresh', g)) or 0)
 end
 
 -- the batch holding `id` (nil: none), from the index x
@@ -92,6 +122,7 @@ local function fields(p, g, id, cur)
     local c = string.find(v, ':', 1, true)
     return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1)), cur
   end
+  materialize(p, g)  -- a fresh one may still be in a range
   local b = find(p, id, cur)
   if b and redis.call('ZSCORE', p .. 'r:' .. g, rkey(b.prio, id)) then
     return b.attempts, b.prio, b
@@ -147,6 +178,7 @@ end
 
 -- every id group g holds: those with fields, and those ready since their publish
 local function all_ids(p, g)
+  materialize(p, g)
   local ids, seen = {}, {}
   for _, id in ipairs(redis.call('HKEYS', p .. 's:' .. g)) do
     seen[id] = true
@@ -162,7 +194,8 @@ end
 local function drop_all(p, g)
   release_all(p, all_ids(p, g))
   redis.call('DEL', p .. 's:' .. g, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g,
-             p .. 'f:' .. g, p .. 'o:' .. g)
+             p .. 'f:' .. g, p .. 'o:' .. g, p .. 'q:' .. g)
+  redis.call('HDEL', p .. 'fresh', g)
 end
 
 -- the groups a publish goes to as Redis has them (shared): none while the topic is
@@ -175,7 +208,7 @@ end
 -- put: due_ms attempts prio ngroups g... first last blob: one publish's messages (ids
 -- first..last, consecutive) as one batch; ngroups -1: every group the topic has in Redis
 -- now (several gateways publish; none has to know the others' groups). Per message only
--- its ready member (or, delayed, its fields and due time), in one bulk command per group.
+-- nothing when ready (one range per group); delayed, its fields and due time.
 redis.register_function('gw_put', function(keys, a)
   local p = keys[1]
   local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
@@ -193,23 +226,26 @@ redis.register_function('gw_put', function(keys, a)
   redis.call('HSET', p .. 'm', first, blob)
   redis.call('HSET', p .. 'n', first, count * #groups)
   redis.call('ZADD', p .. 'x', 0, first .. ':' .. last .. ':' .. attempts .. ':' .. prio)
+  if due <= 0 then
+    local range = string.format('%08x', prio) .. first .. ':' .. last
+    for _, g in ipairs(groups) do
+      -- counted once, should a retried pipeline put it again
+      if redis.call('ZADD', p .. 'q:' .. g, 0, range) == 1 then
+        redis.call('HINCRBY', p .. 'fresh', g, count)
+      end
+    end
+    return #groups
+  end
   local qs, ss = {}, {}
-  if due > 0 then
-    local f = attempts .. ':' .. prio
-    for i = 0, count - 1 do
-      local id = string.format('%016x', f0 + i)
-      qs[#qs + 1] = due; qs[#qs + 1] = id
-      ss[#ss + 1] = id; ss[#ss + 1] = f
-    end
-  else
-    local pre = string.format('%08x', prio)
-    for i = 0, count - 1 do
-      qs[#qs + 1] = 0; qs[#qs + 1] = pre .. string.format('%016x', f0 + i)
-    end
+  local f = attempts .. ':' .. prio
+  for i = 0, count - 1 do
+    local id = string.format('%016x', f0 + i)
+    qs[#qs + 1] = due; qs[#qs + 1] = id
+    ss[#ss + 1] = id; ss[#ss + 1] = f
   end
   for _, g in ipairs(groups) do
-    if due > 0 then bulk('HSET', p .. 's:' .. g, ss) end
-    bulk('ZADD', p .. (due > 0 and 'd:' or 'r:') .. g, qs)
+    bulk('HSET', p .. 's:' .. g, ss)
+    bulk('ZADD', p .. 'd:' .. g, qs)
   end
   return #groups
 end)
@@ -266,6 +302,7 @@ redis.register_function('gw_remove', function(keys, a)
       if v then
         prio = tonumber(string.sub(v, string.find(v, ':', 1, true) + 1))
       else  -- ready since its publish, if anywhere
+        materialize(p, g)
         cur = find(p, id, cur)
         if cur and redis.call('ZSCORE', r, rkey(cur.prio, id)) then prio = cur.prio end
       end
@@ -306,7 +343,8 @@ local function fan_out(p, a)
   elseif #a > 1 then
     each_batch(p, ids, function(b, k) redis.call('HINCRBY', p .. 'n', b.first, k * (#a - 1)) end)
   end
-  redis.call('DEL', p .. 's:', p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
+  redis.call('DEL', p .. 's:', p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:', p .. 'q:')
+  redis.call('HDEL', p .. 'fresh', '')
   return #ids
 end
 
@@ -348,7 +386,8 @@ redis.register_function('gw_drop_topic', function(keys, a)
   local p = keys[1]
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
-  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta')
+  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta',
+             p .. 'fresh')
   return 1
 end)
 
@@ -372,6 +411,7 @@ redis.register_function('gw_snapshot', function(keys, a)
   local p, g, window = keys[1], a[1], tonumber(a[2])
   local ready, deferred, buried = {}, {}, {}
   local r = p .. 'r:' .. g
+  materialize(p, g)
   local total = redis.call('ZCARD', r)
   local members = {}
   if window ~= 0 then members = redis.call('ZRANGE', r, 0, window > 0 and window - 1 or -1) end
@@ -389,6 +429,7 @@ end)
 redis.register_function('gw_load', function(keys, a)
   local p, g = keys[1], a[1]
   local out, cur = {}, nil
+  materialize(p, g)
   local members = redis.call('ZRANGEBYLEX', p .. 'r:' .. g, '[' .. a[2], '+', 'LIMIT', 0, a[3])
   for _, mem in ipairs(members) do cur = entry(p, g, string.sub(mem, 9), out, cur) end
   return out
@@ -436,13 +477,49 @@ redis.register_function('gw_claim', function(keys, a)
   local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
     tonumber(a[4]), a[5]
   local expired = promote(p, g, now)
-  local out = {}
-  local r = p .. 'r:' .. g
-  local members = n > 0 and redis.call('ZRANGE', r, 0, n - 1) or {}
-  if #members > 0 then
-    bulk('ZREM', r, members)
-    local ids = {}
-    for i, mem in ipairs(members) do ids[i] = string.sub(mem, 9) end
+  local out, ids = {}, {}
+  local r, q = p .. 'r:' .. g, p .. 'q:' .. g
+  local singles = n > 0 and redis.call('ZRANGE', r, 0, n - 1) or {}
+  local ranges = n > 0 and redis.call('ZRANGE', q, 0, n - 1) or {}
+  -- merge the two in (priority, id) order: a range's ids are never in r, so comparing
+  -- its next id with r's head is enough
+  local i, j, taken, spent, fresh = 1, 0, {}, {}, 0
+  local pre, at, last, from
+  local function next_range()
+    j = j + 1
+    local mem = ranges[j]
+    if mem then
+      pre, at = string.sub(mem, 1, 8), tonumber(string.sub(mem, 9, 24), 16)
+      last, from = tonumber(string.sub(mem, 26, 41), 16), at
+    end
+  end
+  next_range()
+  while #ids < n do
+    local single = singles[i]
+    local head = ranges[j] and pre .. string.format('%016x', at)
+    if not single and not head then break end
+    if head and (not single or head < single) then
+      ids[#ids + 1] = string.sub(head, 9)
+      fresh = fresh + 1
+      at = at + 1
+      if at > last then
+        spent[#spent + 1] = ranges[j]
+        next_range()
+      end
+    else
+      ids[#ids + 1] = string.sub(single, 9)
+      taken[#taken + 1] = single
+      i = i + 1
+    end
+  end
+  if ranges[j] and at > from then  -- a range taken in part: the rest stays
+    spent[#spent + 1] = ranges[j]
+    redis.call('ZADD', q, 0, pre .. string.format('%016x', at) .. ':' .. string.format('%016x', last))
+  end
+  bulk('ZREM', r, taken)
+  bulk('ZREM', q, spent)
+  if fresh > 0 then redis.call('HINCRBY', p .. 'fresh', g, -fresh) end
+  if #ids > 0 then
     local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
     local fs, os, ss = {}, {}, {}
     local cur = nil
@@ -494,7 +571,7 @@ redis.register_function('gw_counts', function(keys, a)
     local first = redis.call('ZRANGE', p .. 'b:' .. g, 0, 0)
     if first[1] then entry(p, g, first[1], head) end
     out[#out + 1] = {
-      redis.call('ZCARD', p .. 'r:' .. g), redis.call('ZCARD', p .. 'd:' .. g),
+      ready_count(p, g), redis.call('ZCARD', p .. 'd:' .. g),
       redis.call('ZCARD', p .. 'f:' .. g), redis.call('ZCARD', p .. 'b:' .. g), head}
   end
   return out

@@ -188,3 +188,43 @@ async def test_a_publish_is_stored_once_and_goes_with_its_last_entry(
             g2.finish(c2, m.id)
         await a.flush()
         assert redis_server.cli("EXISTS", "gw:{t}:m", "gw:{t}:n", "gw:{t}:x").strip() == "0"
+
+
+async def test_claims_follow_priority_then_id_across_publishes_and_requeues(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A publish waits as one range; requeued messages are placed one by one. Claims of
+    any size merge both in (priority, id) order, and the counts follow."""
+    store = open_store(redis_url, tmp_path)
+    await store.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.add_topic("t")
+        store.add_group("t", "g")
+        expected = []
+        for prio, n in ((5, 7), (1, 3), (5, 4), (9, 1)):
+            first = store.take_ids(n)
+            msgs = [Message(first + i, "t", b"%d" % (first + i), 1, priority=prio) for i in range(n)]
+            store.put("t", ["g"], msgs, 0.0)
+            expected += [(prio, m.id) for m in msgs]
+        await store.flush()
+        got, _, _ = await store.claim("t", "g", 5)
+        claimed = [(m.priority, m.id) for m in got]
+        assert claimed == sorted(expected)[:5]
+        back = got[1]  # requeued with a priority between the others: placed on its own
+        back.priority = 5
+        store.update("t", "g", back, expect="f")
+        await store.flush()
+        rest = sorted([*(e for e in expected if e not in claimed), (5, back.id)])
+        (counts,) = await store.counts([("t", ["g"])])
+        assert counts[0][:3] == (len(rest), 0, 4)
+        seen = []
+        for size in (2, 1, 3, 100):
+            part, _, _ = await store.claim("t", "g", size)
+            seen += [(m.priority, m.id) for m in part]
+            assert all(m.body == b"%d" % m.id for m in part)
+        assert seen == rest
+        (counts,) = await store.counts([("t", ["g"])])
+        assert counts[0][:3] == (0, 0, 4 + len(rest))
+        nursery.cancel_scope.cancel()
+    await store.close()
