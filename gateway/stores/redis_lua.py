@@ -514,7 +514,8 @@ redis.register_function('gw_claim', function(keys, a)
   end
   if ranges[j] and at > from then  -- a range taken in part: the rest stays
     spent[#spent + 1] = ranges[j]
-    redis.call('ZADD', q, 0, pre .. string.format('%016x', at) .. ':' .. string.format('%016x', last))
+    local rest = string.format('%016x', at) .. ':' .. string.format('%016x', last)
+    redis.call('ZADD', q, 0, pre .. rest)
   end
   bulk('ZREM', r, taken)
   bulk('ZREM', q, spent)

@@ -204,7 +204,8 @@ async def test_claims_follow_priority_then_id_across_publishes_and_requeues(
         expected = []
         for prio, n in ((5, 7), (1, 3), (5, 4), (9, 1)):
             first = store.take_ids(n)
-            msgs = [Message(first + i, "t", b"%d" % (first + i), 1, priority=prio) for i in range(n)]
+            ids = range(first, first + n)
+            msgs = [Message(i, "t", b"%d" % i, 1, priority=prio) for i in ids]
             store.put("t", ["g"], msgs, 0.0)
             expected += [(prio, m.id) for m in msgs]
         await store.flush()
