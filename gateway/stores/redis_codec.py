@@ -25,7 +25,8 @@ _BODY = attrgetter("body")
 # what one batch stores once for all its messages (headers by identity: one publish's
 # messages share the list)
 _SHARED = attrgetter("priority", "attempts", "timestamp", "ttr", "reply_to", "origin")
-_BLOCKS = attrgetter("headers", "header_block")
+_HEADERS = attrgetter("headers")
+_HEADER_BLOCK = attrgetter("header_block")
 
 
 def topic_key(topic: str) -> str:
@@ -61,7 +62,8 @@ def batches(messages: Sequence[Message]) -> list[Sequence[Message]]:
     if (
         list(map(_ID, messages)) == list(range(first, first + n))
         and len(set(map(_SHARED, messages))) == 1
-        and len({(id(h), id(b)) for h, b in map(_BLOCKS, messages)}) == 1
+        and len(set(map(id, map(_HEADERS, messages)))) == 1
+        and len(set(map(id, map(_HEADER_BLOCK, messages)))) == 1
     ):
         return [messages]
     runs: list[Sequence[Message]] = []
