@@ -19,6 +19,7 @@ import trio
 from gateway.stores.base import StoreError
 from gateway.stores.redis_lua import LIBRARY, OLD_LIBRARIES
 from gateway.stores.redis_url import RedisTarget
+from gateway.stores.redis_wire import Replies, Wire
 
 log = logging.getLogger("gateway.store")
 # coredis logs every retry of a command at INFO: the store says what matters itself
@@ -37,7 +38,7 @@ class RedisLink:
         self._closed = trio.Event()
         self._done = trio.Event()
         self._started = False
-        self._writer: Any = None  # the connection of ordered writes (standalone Redis)
+        self._wire = Wire(target)  # the connection of ordered writes (standalone Redis)
 
     async def connect(self) -> None:
         """Connect and load the library, retrying with back-off for `wait` seconds; raises
@@ -58,7 +59,7 @@ class RedisLink:
                 failure.append(exc)
                 ready.set()
             finally:
-                self.client = self._writer = None
+                self.client = None
                 self._done.set()
 
         self._started = True
@@ -122,31 +123,24 @@ class RedisLink:
 
     # -- ordered writes ----------------------------------------------------------
     #
-    # The store's writes go through one connection of their own, so that several
-    # pipelines can be on the wire at once and Redis still applies them in the order
-    # they were sent (coredis multiplexes requests on a connection and matches the
-    # replies in order). A Cluster client routes each command to its node itself: there
-    # the store keeps one pipeline in flight (`overlaps` False).
+    # The store's writes and claims go through one connection of their own (redis_wire.py,
+    # plain RESP: a coredis round trip costs several times the CPU), so that several
+    # pipelines can be on the wire at once and Redis still applies them in the order they
+    # were sent. A Cluster client routes each command to its node itself: there the store
+    # keeps one pipeline in flight through coredis (`overlaps` False).
 
     @property
     def overlaps(self) -> bool:
         return not self.target.cluster
 
     async def prepare(self) -> None:
-        """Lease the write connection again after a loss (the pool reconnects)."""
-        if not self.overlaps:
-            return
-        conn = self._writer
-        if conn is None or not conn.usable:
-            client = self.client
-            if client is None:
-                raise StoreError(f"{self.where}: not connected")
+        """Connect the write connection again after a loss."""
+        if self.overlaps and not self._wire.usable:
             try:
-                with trio.fail_after(5):
-                    self._writer = await client.connection_pool.get_connection()
-            except Exception as exc:
+                await self._wire.open()
+            except StoreError:
                 self.up = False
-                raise StoreError(f"{self.where}: {_what(exc)}") from None
+                raise
 
     def send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> Awaitable[tuple[Any, ...]]:
         """Put `ops` on the wire now, after every pipeline sent before (no await between
@@ -154,39 +148,25 @@ class RedisLink:
         StoreError, at once or from the result."""
         if not self.overlaps or not ops:
             return self.pipeline(ops)
-        client, conn = self.client, self._writer
-        if client is None or conn is None:
-            raise StoreError(f"{self.where}: not connected")
-        pipe = client.pipeline(transaction=False)  # only to encode: it never executes
-        _stack(pipe, ops)
-        commands = list(pipe.command_stack)
-        try:
-            batch = conn.create_request_batch(commands)
-        except Exception as exc:
-            self.up = False
-            raise StoreError(f"{self.where}: {_what(exc)}") from None
-        return self._replies(commands, batch)
+        replies = self._wire.send([_command(op) for op in ops])
+        return self._replies(replies)
 
-    async def _replies(self, commands: list[Any], batch: Any) -> tuple[Any, ...]:
+    async def _replies(self, replies: Replies) -> tuple[Any, ...]:
         try:
-            responses = await batch
-        except Exception as exc:
+            got = await self._wire.result(replies)
+        except StoreError:
             self.up = False
-            raise StoreError(f"{self.where}: {_what(exc)}") from None
-        out = []
-        for cmd, response in zip(commands, responses, strict=True):
+            raise
+        for response in got:
             if isinstance(response, BaseException):
                 if "function not found" in str(response).lower():
                     # Redis restarted without its data (or FUNCTION FLUSH): load it for
                     # the retry, which the store makes with everything after this in order
                     with contextlib.suppress(Exception):
                         await self.load_library()
-                if isinstance(response, (ConnectionError, OSError, TimeoutError)):
-                    self.up = False
                 raise StoreError(f"{self.where}: {_what(response)}")
-            out.append(cmd.callback(response, **cmd.execution_parameters))
         self.up = True
-        return tuple(out)
+        return tuple(got)
 
     async def listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
         """Call `on_message` with every message on `channel`; resubscribes after a loss."""
@@ -215,6 +195,7 @@ class RedisLink:
         return False
 
     async def close(self) -> None:
+        await self._wire.close()
         self._closed.set()
         if self._started:
             with trio.move_on_after(5):
@@ -235,6 +216,16 @@ def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
             pipe.hgetall(key)
         else:
             pipe.fcall(fn, [key], args)
+
+
+def _command(op: tuple[str, str, list[Any]]) -> list[Any]:
+    fn, key, args = op
+    if fn in _PLAIN:
+        return [fn.upper(), key, *args]
+    return ["FCALL", fn, 1, key, *args]
+
+
+_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hgetall"})
 
 
 def _text(name: bytes | str) -> str:
