@@ -9,7 +9,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate
-from operator import attrgetter
+from operator import attrgetter, countOf
 
 from gateway.model import Message
 
@@ -22,11 +22,21 @@ _LEN = struct.Struct(">I")
 _COUNT = struct.Struct("<I")
 _ID = attrgetter("id")
 _BODY = attrgetter("body")
-# what one batch stores once for all its messages (headers by identity: one publish's
-# messages share the list)
-_SHARED = attrgetter("priority", "attempts", "timestamp", "ttr", "reply_to", "origin")
-_HEADERS = attrgetter("headers")
-_HEADER_BLOCK = attrgetter("header_block")
+# what one batch stores once for all its messages; one field at a time, each a C-level
+# count (a tuple per message cost more than the rest of the put)
+_SHARED = tuple(
+    attrgetter(name)
+    for name in (
+        "timestamp",
+        "priority",
+        "attempts",
+        "ttr",
+        "reply_to",
+        "origin",
+        "headers",
+        "header_block",
+    )
+)
 
 
 def topic_key(topic: str) -> str:
@@ -58,12 +68,9 @@ def batches(messages: Sequence[Message]) -> list[Sequence[Message]]:
     consecutive ids sharing priority, attempts and every field packed once. A publish
     is one run; the check is a few C-level passes, not a loop per message."""
     n = len(messages)
-    first = messages[0].id
-    if (
-        list(map(_ID, messages)) == list(range(first, first + n))
-        and len(set(map(_SHARED, messages))) == 1
-        and len(set(map(id, map(_HEADERS, messages)))) == 1
-        and len(set(map(id, map(_HEADER_BLOCK, messages)))) == 1
+    m0 = messages[0]
+    if list(map(_ID, messages)) == list(range(m0.id, m0.id + n)) and all(
+        countOf(map(field, messages), field(m0)) == n for field in _SHARED
     ):
         return [messages]
     runs: list[Sequence[Message]] = []
@@ -76,12 +83,7 @@ def batches(messages: Sequence[Message]) -> list[Sequence[Message]]:
 
 
 def _joins(a: Message, b: Message) -> bool:
-    return (
-        b.id == a.id + 1
-        and _SHARED(a) == _SHARED(b)
-        and a.headers is b.headers
-        and a.header_block is b.header_block
-    )
+    return b.id == a.id + 1 and all(field(a) == field(b) for field in _SHARED)
 
 
 def pack_batch(messages: Sequence[Message]) -> bytes:
