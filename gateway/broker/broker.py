@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.broker.claims import Claims
-from gateway.broker.group import Group
+from gateway.broker.group import Consumer, Group
 from gateway.broker.journal import Journal, from_wall
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
@@ -179,6 +179,14 @@ class Broker:
         """The group-commit point: returns once every change so far is stored; raises
         StoreError when the store cannot write (the publish must then be refused)."""
         await self.store.flush()
+
+    async def take_stored(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
+        """Deliver to `consumer` one particular message a shared store keeps (beanstalkd
+        reserve-job of a job another gateway deferred or buried, or nobody claimed yet);
+        None when it is held elsewhere or gone, or the store is not shared."""
+        if self.claims is None:
+            return None
+        return await self.claims.take(group, consumer, msg_id)
 
     @property
     def store_failed(self) -> StoreError | None:

@@ -31,7 +31,8 @@ from gateway.stores.base import StoreError
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
-    from gateway.broker.group import Group
+    from gateway.broker.group import Consumer, Group
+    from gateway.model import Message
 
 log = logging.getLogger("gateway.broker")
 
@@ -141,6 +142,17 @@ class Claims:
         group._dispatch()
         if len(msgs) == n:
             self.want(group)  # there may be more, and room for them
+
+    async def take(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
+        """Claim one particular message from Redis and deliver it to `consumer` (beanstalkd
+        reserve-job): None when no gateway may have it (claimed elsewhere, gone)."""
+        msg = await group.journal.claim_id(group, msg_id, consumer.timeout or CLAIM_LEASE)
+        if msg is None:
+            return None
+        if group.deleted or not consumer.attached:
+            self.give_back(group, [msg])
+            return None
+        return group.take_claimed(consumer, msg)
 
     def give_back(self, group: Group, msgs: list[Any]) -> None:
         """Claimed messages not delivered: ready in Redis again, for any gateway."""

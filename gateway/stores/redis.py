@@ -40,6 +40,7 @@ from gateway.stores.redis_codec import (
 )
 from gateway.stores.redis_flights import Flights
 from gateway.stores.redis_link import RedisLink
+from gateway.stores.redis_reads import SharedReads
 from gateway.stores.redis_url import RedisTarget
 
 log = logging.getLogger("gateway.store")
@@ -67,7 +68,7 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-class RedisStore(Store):
+class RedisStore(SharedReads, Store):
     durable = True
     pages = True
     allocates_ids = True
