@@ -180,6 +180,17 @@ class Broker:
         StoreError when the store cannot write (the publish must then be refused)."""
         await self.store.flush()
 
+    async def kick(self, group: Group, bound: int) -> int:
+        """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
+        deferred ones; how many. A shared store's are kicked in Redis, whichever gateway
+        buried or deferred them."""
+        if not group.shared:
+            return group.kick(bound)
+        kicked = await group.journal.kick(group, bound)
+        group.kick_count += kicked
+        group.remote_buried_head = None
+        return kicked
+
     async def take_stored(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
         """Deliver to `consumer` one particular message a shared store keeps (beanstalkd
         reserve-job of a job another gateway deferred or buried, or nobody claimed yet);

@@ -105,17 +105,6 @@ class GroupAdmin:
     def kick(self, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
         deferred ones are made ready now. Returns how many were kicked."""
-        if self.shared:  # Redis keeps them: kicked there, as counted at the last refresh
-            kicked = min(bound, self.remote_buried or self.remote_deferred)
-            if kicked:
-                self.kick_count += kicked
-                if self.remote_buried:
-                    self.remote_buried -= kicked
-                    self.remote_buried_head = None
-                else:
-                    self.remote_deferred -= kicked
-                self.journal.kicked(self, kicked)
-            return kicked
         kicked = 0
         if self.buried:
             while self.buried and kicked < bound:

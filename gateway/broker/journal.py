@@ -98,9 +98,10 @@ class Journal:
             return
         self.store.update(group.topic.name, group.name, message, 0.0)
 
-    def kicked(self, group: Group, n: int) -> None:
-        """A shared store's buried (or deferred) messages: `n` of them ready again."""
-        self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined]
+    async def kick(self, group: Group, n: int) -> int:
+        """A shared store's buried (or deferred) messages: up to `n` of them ready again
+        now; how many there were."""
+        return await self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined,no-any-return]
 
     def touched(self, group: Group, message: Message, deadline: float) -> None:
         if self.store.shares:

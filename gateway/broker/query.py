@@ -361,6 +361,11 @@ def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
 # memory like the functions above, so a caller needs no second path.
 
 
+def shared(broker: Broker) -> bool:
+    """True when the queues are in a store several gateways share (Redis)."""
+    return broker.claims is not None
+
+
 def _stored(view: View) -> tuple[str, str] | None:
     """(topic, group) in a shared store for a view ("" is the topic backlog), or None."""
     if isinstance(view, Group):

@@ -232,7 +232,7 @@ def register(router: Router, gateway: Gateway) -> None:
                     bound = int(request.arg("bound") or 1000000)
                 except ValueError:
                     raise HTTPError(400, "INVALID_BOUND") from None
-                result["kicked"] = group.kick(bound)
+                result["kicked"] = await gateway.broker.kick(group, bound)
             await gateway.broker.flush()
             return _json(result)
 

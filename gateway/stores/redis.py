@@ -451,10 +451,14 @@ class RedisStore(SharedReads, Store):
             out.append(per_group)
         return out
 
-    def kick(self, topic: str, group: str, n: int) -> None:
-        """Shared: up to `n` buried (or, none buried, deferred) messages ready again."""
-        self._record("gw_kick", topic, [group, n])
-        self._notify(topic)
+    async def kick(self, topic: str, group: str, n: int) -> int:
+        """Shared: up to `n` buried (or, none buried, deferred) messages ready again, in
+        order after everything recorded; how many there were."""
+        kicked = int(await self._write(("gw_kick", topic_key(topic), [group, n])))
+        if kicked:
+            self._notify(topic)  # with the next pipeline: the others claim them
+            self._wake.set()
+        return kicked
 
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         """Shared: every topic, its pause, and its groups with theirs."""

@@ -112,10 +112,12 @@ class TubeCommands:
         self.server.commands["peek-buried"] += 1
         return await self._peek_state("buried")
 
-    def _kick(self, event: ev.Kick) -> bytes:
+    async def _kick(self, event: ev.Kick) -> bytes:
         self.server.commands["kick"] += 1
         group = self.server.group(self.used, create=True)
-        return bc.kicked(group.kick(event.bound) if group is not None else 0)
+        if group is None:
+            return bc.kicked(0)
+        return bc.kicked(await self.server.broker.kick(group, event.bound))
 
     async def _kick_job(self, event: ev.KickJob) -> bytes:
         found = await self.server.find_shared_job(event.id)

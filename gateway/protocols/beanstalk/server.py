@@ -130,6 +130,11 @@ class BeanstalkServer:
 
     # -- jobs by id -----------------------------------------------------------------
 
+    @property
+    def shared(self) -> bool:
+        """The queues are in a store several gateways share (Redis)."""
+        return query.shared(self.broker)
+
     def find_job(self, job_id: int) -> query.Located | None:
         """A job in any tube: its state, the message, and the group (or topic backlog)."""
         return query.locate_in(self.broker, job_id, self._job_view)

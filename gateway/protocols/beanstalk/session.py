@@ -157,6 +157,8 @@ class BeanstalkSession(TubeCommands):
                     published = False
                 reply = await self._reserve(event)
                 start = len(self._out)  # what came before is committed (or refused)
+                # shared store: the job's deadline is in Redis before the worker has it
+                published = self.server.shared and reply[0:1] == b"R"
             elif cls in _READS_STORE:
                 # the answer may come from a shared store: what this connection put
                 # must be there first
@@ -189,6 +191,9 @@ class BeanstalkSession(TubeCommands):
                 else:
                     reply = handler(self, event)
                     self._errors_in_a_row = 0
+                    if cls in _WRITES_STORE and self.server.shared:
+                        # another gateway's next read sees it: committed before the reply
+                        published = True
             out.append(reply)
             if self._eof:
                 keep_open = False
@@ -466,9 +471,14 @@ _READS_STORE: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = 
     ev.PeekReady: BeanstalkSession._peek_ready,
     ev.PeekDelayed: BeanstalkSession._peek_delayed,
     ev.PeekBuried: BeanstalkSession._peek_buried,
+    ev.Kick: BeanstalkSession._kick,
     ev.KickJob: BeanstalkSession._kick_job,
     ev.StatsJob: BeanstalkSession._stats_job,
 }
+
+# with a shared store (Redis) these are committed before their reply, like a put, so
+# that what a client was told holds for a client of any other gateway at once
+_WRITES_STORE = frozenset({ev.Delete, ev.Release, ev.Bury, ev.Touch, ev.PauseTube})
 
 _HANDLERS = {
     ev.Use: BeanstalkSession._use,
@@ -478,7 +488,6 @@ _HANDLERS = {
     ev.Touch: BeanstalkSession._touch,
     ev.Watch: BeanstalkSession._watch,
     ev.Ignore: BeanstalkSession._ignore,
-    ev.Kick: BeanstalkSession._kick,
     ev.StatsTube: BeanstalkSession._stats_tube,
     ev.Stats: BeanstalkSession._stats,
     ev.ListTubes: BeanstalkSession._list_tubes,
