@@ -225,10 +225,16 @@ class RedisStore(SharedReads, Store):
             self._pending.append(("gw_raise_ids", IDS_KEY, [last]))
 
     def _notify(self, topic: str) -> None:
-        # once per topic per pipeline: the others claim everything ready anyway
-        if self.shares and topic not in self._notifying:
+        if not self.shares:
+            return
+        # this gateway's claimer at once (its claim goes behind this record, in order),
+        # not through Redis: "<owner> <topic>" on the channel, and each skips its own
+        if self.on_notify is not None:
+            self.on_notify(topic)
+        # once per topic per pipeline for the others: they claim everything ready anyway
+        if topic not in self._notifying:
             self._notifying.add(topic)
-            self._pending.append(("publish", NOTIFY, [topic]))
+            self._pending.append(("publish", NOTIFY, [f"{self.owner} {topic}"]))
 
     def update(
         self,
@@ -392,9 +398,10 @@ class RedisStore(SharedReads, Store):
                 self.failed = StoreError(f"{self.where}: not answering")
                 log.error("%s: not answering; publishes are refused until it is back", self.where)
 
-    def _notified(self, topic: bytes) -> None:
-        if self.on_notify is not None:
-            self.on_notify(topic.decode())
+    def _notified(self, data: bytes) -> None:
+        owner, _, topic = data.decode().partition(" ")
+        if self.on_notify is not None and owner != self.owner:
+            self.on_notify(topic)
 
     async def _commit_loop(self) -> None:
         backoff = _RETRY_MIN
