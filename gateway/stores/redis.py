@@ -199,8 +199,10 @@ class RedisStore(SharedReads, Store):
     ) -> None:
         if not messages:
             return
-        # shared: Redis resolves the groups (-1), atomically with the put
+        # shared: Redis resolves the groups (-1), atomically with the put, and tells the
+        # gateways waiting for the topic, if any (the last argument)
         where = [-1] if self.shares else [len(groups), *groups]
+        told = f"{self.owner} {topic}" if self.shares and due <= 0.0 else ""
         for run in batches(messages):  # one publish is one batch: one argument per batch
             first = run[0]
             self._record(
@@ -214,10 +216,11 @@ class RedisStore(SharedReads, Store):
                     hex_id(first.id),
                     hex_id(run[-1].id),
                     pack_batch(run),
+                    told,
                 ],
             )
-        if due <= 0.0:
-            self._notify(topic)
+        if told and self.on_notify is not None:
+            self.on_notify(topic)  # this gateway's claimer, at once
         last = messages[-1].id
         if last > self._top_id:
             # ids this store did not hand out (a caller numbering its own): never below them

@@ -17,6 +17,8 @@ in docs/storage.md ("Redis"):
   q:<g>     zset  ready since their publish: one member per publish, every score 0,
                   "priority(8 hex) first(16):last(16)", the range of its ids
   fresh     hash  group -> how many messages the ranges of q:<g> hold
+  w         set   gateways whose last claim found too little: a publish of the topic
+                  tells them on gw:notify (and empties the set), nobody else is told
   r:<g>     zset  ready, placed one by one (requeued, promoted, kicked, or a range taken
                   apart by a slow path): every score 0, member = 8 hex digits of
                   priority + 16 of id, so lexicographic order is (priority, id) in both
@@ -207,7 +209,7 @@ local function current_groups(p)
   return redis.call('HKEYS', p .. 'groups')
 end
 
--- put: due_ms attempts prio ngroups g... first last blob: one publish's messages (ids
+-- put: due_ms attempts prio ngroups g... first last blob told: one publish's messages (ids
 -- first..last, consecutive) as one batch; ngroups -1: every group the topic has in Redis
 -- now (several gateways publish; none has to know the others' groups). Per message only
 -- nothing when ready (one range per group); delayed, its fields and due time.
@@ -222,7 +224,7 @@ redis.register_function('gw_put', function(keys, a)
     for i = 1, ng do groups[i] = a[4 + i] end
   end
   if #groups == 0 then groups[1] = '' end
-  local first, last, blob = a[5 + ng], a[6 + ng], a[7 + ng]
+  local first, last, blob, told = a[5 + ng], a[6 + ng], a[7 + ng], a[8 + ng]
   local f0 = tonumber(first, 16)
   local count = tonumber(last, 16) - f0 + 1
   redis.call('HSET', p .. 'm', first, blob)
@@ -235,6 +237,10 @@ redis.register_function('gw_put', function(keys, a)
       if redis.call('ZADD', p .. 'q:' .. g, 0, range) == 1 then
         redis.call('HINCRBY', p .. 'fresh', g, count)
       end
+    end
+    -- gateways whose last claim found the topic empty wait for this: tell them, once
+    if told and told ~= '' and redis.call('DEL', p .. 'w') == 1 then
+      redis.call('PUBLISH', 'gw:notify', told)
     end
     return #groups
   end
@@ -389,7 +395,7 @@ redis.register_function('gw_drop_topic', function(keys, a)
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
   redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta',
-             p .. 'fresh')
+             p .. 'fresh', p .. 'w')
   return 1
 end)
 """

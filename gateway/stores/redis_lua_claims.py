@@ -140,6 +140,8 @@ redis.register_function('gw_claim', function(keys, a)
   local expired = promote(p, g, now)
   local out = {}
   local ids, taken, spent, fresh, rest = ready_head(p, g, n)
+  -- less than asked: this gateway waits for the topic's next publish (gw_put tells it)
+  if #ids < n then redis.call('SADD', p .. 'w', owner) end
   local r, q = p .. 'r:' .. g, p .. 'q:' .. g
   if rest then redis.call('ZADD', q, 0, rest) end
   bulk('ZREM', r, taken)
