@@ -444,5 +444,9 @@ async def first(broker: Broker, view: View, state: State, limit: int) -> list[Me
 async def peek(broker: Broker, view: View, state: State) -> Message | None:
     """The message of a view that leaves `state` next (beanstalkd peek-ready,
     peek-delayed, peek-buried), shared store included."""
+    if _stored(view) is None:  # the heads, without a pass over the queues
+        if state == "ready":
+            return peek_ready(view)
+        return peek_delayed(view) if state == "delayed" else peek_buried(view)
     got = await first(broker, view, state, 1)
     return got[0] if got else None
