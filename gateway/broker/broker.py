@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.broker.claims import Claims
-from gateway.broker.group import Group
+from gateway.broker.group import Consumer, Group
 from gateway.broker.journal import Journal, from_wall
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
@@ -189,6 +189,25 @@ class Broker:
         """The group-commit point: returns once every change so far is stored; raises
         StoreError when the store cannot write (the publish must then be refused)."""
         await self.store.flush()
+
+    async def kick(self, group: Group, bound: int) -> int:
+        """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
+        deferred ones; how many. A shared store's are kicked in Redis, whichever gateway
+        buried or deferred them."""
+        if not group.shared:
+            return group.kick(bound)
+        kicked = await group.journal.kick(group, bound)
+        group.kick_count += kicked
+        group.remote_buried_head = None
+        return kicked
+
+    async def take_stored(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
+        """Deliver to `consumer` one particular message a shared store keeps (beanstalkd
+        reserve-job of a job another gateway deferred or buried, or nobody claimed yet);
+        None when it is held elsewhere or gone, or the store is not shared."""
+        if self.claims is None:
+            return None
+        return await self.claims.take(group, consumer, msg_id)
 
     @property
     def store_failed(self) -> StoreError | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -30,7 +31,8 @@ from gateway.stores.base import StoreError
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
-    from gateway.broker.group import Group
+    from gateway.broker.group import Consumer, Group
+    from gateway.model import Message
 
 log = logging.getLogger("gateway.broker")
 
@@ -45,6 +47,10 @@ class Claims:
         self.broker = broker
         self.store: Any = broker.store
         self._wanted: dict[Group, None] = {}
+        # groups whose last claim found Redis without a ready message for them, with no
+        # sign of a new one since: room alone (a FIN, a RDY) does not send a claim for
+        # them, so an idle consumer costs no round trip per acknowledgement
+        self._drained: weakref.WeakSet[Group] = weakref.WeakSet()
         self._event = trio.Event()
         self._wake_at = math.inf  # broker clock: the earliest due time a claim reported
         self.known: dict[str, set[str]] = {}  # the registry as last read
@@ -53,10 +59,16 @@ class Claims:
     # -- asking for claims -----------------------------------------------------
 
     def want(self, group: Group) -> None:
-        """A group's consumers may have room: claim for it soon."""
-        if group not in self._wanted:
+        """A group's consumers may have room: claim for it soon, unless Redis had nothing
+        for it at the last claim and nothing was published, requeued or kicked since."""
+        if group not in self._wanted and group not in self._drained:
             self._wanted[group] = None
             self._event.set()
+
+    def fed(self, group: Group) -> None:
+        """Redis may have ready messages for `group` (a publish, a notification)."""
+        self._drained.discard(group)
+        self.want(group)
 
     def notified(self, topic: str) -> None:
         """Another gateway (or this one) made messages of `topic` ready."""
@@ -65,7 +77,7 @@ class Claims:
             return
         for group in t.groups.values():
             if group.consumers and not group.ephemeral:
-                self.want(group)
+                self.fed(group)
 
     @staticmethod
     def room(group: Group) -> int:
@@ -90,6 +102,7 @@ class Claims:
             if trio.current_time() >= self._wake_at or not self._wanted:
                 # a due time came, or the idle re-check: every group with room
                 self._wake_at = math.inf
+                self._drained.clear()
                 for t in list(self.broker.topics.values()):
                     for g in t.groups.values():
                         if g.shared and g.consumers:
@@ -117,6 +130,8 @@ class Claims:
         if due:
             at = trio.current_time() + max(due - time.time(), 0.0) + 0.001
             self._wake_at = min(self._wake_at, at)
+        if len(msgs) < n and group not in self._wanted:
+            self._drained.add(group)  # nothing more now; a notification says when
         if not msgs:
             return
         if group.deleted:
@@ -127,6 +142,17 @@ class Claims:
         group._dispatch()
         if len(msgs) == n:
             self.want(group)  # there may be more, and room for them
+
+    async def take(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
+        """Claim one particular message from Redis and deliver it to `consumer` (beanstalkd
+        reserve-job): None when no gateway may have it (claimed elsewhere, gone)."""
+        msg = await group.journal.claim_id(group, msg_id, consumer.timeout or CLAIM_LEASE)
+        if msg is None:
+            return None
+        if group.deleted or not consumer.attached:
+            self.give_back(group, [msg])
+            return None
+        return group.take_claimed(consumer, msg)
 
     def give_back(self, group: Group, msgs: list[Any]) -> None:
         """Claimed messages not delivered: ready in Redis again, for any gateway."""
@@ -186,3 +212,5 @@ class Claims:
                 g.remote_buried = buried
                 g.remote_buried_head = head
                 g.message_count = ready + deferred + len(g.ready)
+                if ready and g.consumers:
+                    self.fed(g)  # a notification lost on the way: claim anyway

@@ -148,7 +148,7 @@ class Group(MemoryWindow, GroupAdmin):
         self.message_count += len(messages)
         if self.shared:  # recorded in the store, which every gateway claims from
             if self._waiting:
-                self.topic.broker.claims.want(self)
+                self.topic.broker.claims.fed(self)
             return
         if self.window and (self.spilled or len(self.ready) + len(messages) > self.window):
             messages = self._spill(messages)

@@ -54,6 +54,9 @@ class GroupAdmin:
     def _offer(self, consumer: Consumer) -> None:  # pragma: no cover - Group's
         raise NotImplementedError
 
+    def _deliver(self, c: Consumer, msg: Message, now: float) -> None:  # pragma: no cover
+        raise NotImplementedError  # Group's
+
     def _push_ready(self, msg: Message) -> None:  # pragma: no cover - MemoryWindow's
         raise NotImplementedError
 
@@ -102,17 +105,6 @@ class GroupAdmin:
     def kick(self, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
         deferred ones are made ready now. Returns how many were kicked."""
-        if self.shared:  # Redis keeps them: kicked there, as counted at the last refresh
-            kicked = min(bound, self.remote_buried or self.remote_deferred)
-            if kicked:
-                self.kick_count += kicked
-                if self.remote_buried:
-                    self.remote_buried -= kicked
-                    self.remote_buried_head = None
-                else:
-                    self.remote_deferred -= kicked
-                self.journal.kicked(self, kicked)
-            return kicked
         kicked = 0
         if self.buried:
             while self.buried and kicked < bound:
@@ -143,6 +135,25 @@ class GroupAdmin:
                 return False
         self._dispatch()
         return True
+
+    def kick_stored(self, msg: Message, *, buried: bool) -> None:
+        """A shared store's buried (or deferred) message, as found there (query.find):
+        ready again in Redis, for any gateway, if it is still buried (deferred) there."""
+        self.kick_count += 1
+        msg.deliver_at = 0.0
+        self.journal.changed(self, msg, expect="b" if buried else "d")
+        if buried:
+            self.remote_buried = max(0, self.remote_buried - 1)
+            self.remote_buried_head = None
+        else:
+            self.remote_deferred = max(0, self.remote_deferred - 1)
+
+    def take_claimed(self, consumer: Consumer, msg: Message) -> Message:
+        """Deliver a message claimed from a shared store for this consumer alone
+        (beanstalkd reserve-job of a message Redis kept), whatever the window."""
+        msg.deliver_at = 0.0
+        self._deliver(consumer, msg, trio.current_time())
+        return msg
 
     def _kick_buried(self, msg: Message) -> None:
         self._ready_now(msg)

@@ -24,6 +24,7 @@ from gateway.stores.base import GroupRecorder, Key, Store
 if TYPE_CHECKING:
     from gateway.broker.group import Group
     from gateway.broker.topic import Topic
+    from gateway.stores.redis_reads import Found
 
 # ids are reserved in blocks, so that handing one out costs no store write, and a restart
 # starts after the block: an id seen by a client is never handed out again
@@ -110,9 +111,10 @@ class Journal:
             return
         self.store.update(group.topic.name, group.name, message, 0.0)
 
-    def kicked(self, group: Group, n: int) -> None:
-        """A shared store's buried (or deferred) messages: `n` of them ready again."""
-        self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined]
+    async def kick(self, group: Group, n: int) -> int:
+        """A shared store's buried (or deferred) messages: up to `n` of them ready again
+        now; how many there were."""
+        return await self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined,no-any-return]
 
     def touched(self, group: Group, message: Message, deadline: float) -> None:
         if self.store.shares:
@@ -132,6 +134,20 @@ class Journal:
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         """Page in ready messages a durable store kept on disk, broker clock (due now)."""
         return await self.store.load(group.topic.name, group.name, after, limit)
+
+    # -- reading a shared store (Redis): queue state other gateways changed ----------
+
+    async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
+        """Message `msg_id` in the first (topic, groups) of `where` holding it; wall-clock
+        times as the store keeps them (query.py converts)."""
+        return await self.store.find(where, msg_id)  # type: ignore[attr-defined,no-any-return]
+
+    async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
+        return await self.store.peek(topic, group, state, limit)  # type: ignore[attr-defined,no-any-return]
+
+    async def claim_id(self, group: Group, msg_id: int, lease: float) -> Message | None:
+        """One particular message claimed for a delivery here (beanstalkd reserve-job)."""
+        return await self.store.claim_id(group.topic.name, group.name, msg_id, lease)  # type: ignore[attr-defined,no-any-return]
 
     # -- topics and groups -----------------------------------------------------
 

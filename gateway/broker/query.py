@@ -18,6 +18,7 @@ messages, so what they show is what would be delivered next.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
@@ -26,11 +27,13 @@ from typing import TYPE_CHECKING, Final, Literal, cast
 import trio
 
 from gateway.broker.group import Group, InFlight
+from gateway.broker.journal import from_wall
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
+    from gateway.stores.redis_reads import Found
 
 State = Literal["ready", "delayed", "reserved", "buried"]
 View = Group | Topic
@@ -73,6 +76,9 @@ class Located:
     message: Message
     topic: Topic
     group: Group | None
+    # seconds to the deadline or due time, as a shared store (Redis) had it when the
+    # message was found there (None: found here, the broker's own clock tells)
+    left: float | None = None
 
     @property
     def view(self) -> View:
@@ -322,6 +328,8 @@ def reservation(g: Group, msg_id: int) -> InFlight | None:
 def time_left(found: Located, now: float | None = None) -> float:
     """Seconds until a reserved message's deadline or a delayed one's due time; 0 for the
     other states and for a time already past."""
+    if found.left is not None:
+        return found.left
     if now is None:
         now = trio.current_time()
     if found.state == "reserved" and found.group is not None:
@@ -343,3 +351,102 @@ def retired_counts(broker: Broker) -> dict[tuple[str, str], dict[str, list[int]]
 def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
     """Per deleted topic, per publisher protocol, the messages it had been published."""
     return broker.retired_published
+
+
+# -- a shared store (Redis): what other gateways hold, defer or bury -------------------
+#
+# With a shared store a group here keeps only what this gateway claimed; the rest of the
+# queue is in Redis, where any gateway may have it in flight, deferred or buried. These
+# ask the broker's journal, which asks the store; with a local store they answer from
+# memory like the functions above, so a caller needs no second path.
+
+
+def shared(broker: Broker) -> bool:
+    """True when the queues are in a store several gateways share (Redis)."""
+    return broker.claims is not None
+
+
+def _stored(view: View) -> tuple[str, str] | None:
+    """(topic, group) in a shared store for a view ("" is the topic backlog), or None."""
+    if isinstance(view, Group):
+        return (view.topic.name, view.name) if view.shared else None
+    return (view.name, "") if view.shared and not view.groups else None
+
+
+def _located(found: Found, t: Topic, g: Group | None) -> Located:
+    msg = found.message
+    left = 0.0
+    if found.state in ("reserved", "delayed") and found.at > 0:
+        left = max(0.0, found.at - time.time())
+        if found.state == "delayed":
+            msg.deliver_at = from_wall(found.at)
+    return Located(cast(State, found.state), msg, t, g, left)
+
+
+async def find_in(broker: Broker, view: View, msg_id: int) -> Located | None:
+    """`locate`, then the shared store: message `msg_id` in one view, in any state."""
+    found = locate(view, msg_id)
+    where = _stored(view)
+    if found is not None or where is None:
+        return found
+    hit = await broker.journal.find([(where[0], [where[1]])], msg_id)
+    if hit is None:
+        return None
+    t = view.topic if isinstance(view, Group) else view
+    return _located(hit, t, view if isinstance(view, Group) else None)
+
+
+async def find(
+    broker: Broker, msg_id: int, view_of: Callable[[Topic], View | None]
+) -> Located | None:
+    """`locate_in`, then the shared store: one round trip over every topic's view."""
+    found = locate_in(broker, msg_id, view_of)
+    if found is not None or broker.claims is None:
+        return found
+    views: dict[str, View] = {}
+    where: list[tuple[str, list[str]]] = []
+    for t in broker.topics.values():
+        view = view_of(t)
+        stored = _stored(view) if view is not None else None
+        if view is not None and stored is not None:
+            views[t.name] = view
+            where.append((stored[0], [stored[1]]))
+    hit = await broker.journal.find(where, msg_id) if where else None
+    if hit is None:
+        return None
+    view = views[hit.topic]
+    t = view.topic if isinstance(view, Group) else view
+    return _located(hit, t, view if isinstance(view, Group) else None)
+
+
+async def first(broker: Broker, view: View, state: State, limit: int) -> list[Message]:
+    """Up to `limit` messages of a view in `state` (ready, delayed, buried), in the order
+    they leave it: the peeks and the admin page's lists, shared store included."""
+    where = _stored(view)
+    if where is None:
+        if state == "ready":
+            if isinstance(view, Group):
+                return first_ready(view, limit)
+            return heapq.nsmallest(limit, split_backlog(view)[0], key=_urgency)
+        if state == "delayed":
+            if isinstance(view, Group):
+                return first_delayed(view, limit)
+            return heapq.nsmallest(limit, split_backlog(view)[1], key=_due_order)
+        return first_buried(view, limit) if isinstance(view, Group) else []
+    found = await broker.journal.peek(where[0], where[1], state, limit)
+    msgs = [_located(f, broker.topics[where[0]], None).message for f in found]
+    if state == "ready" and isinstance(view, Group) and view.ready:
+        # claimed here and not delivered yet: still ready, and maybe the most urgent
+        msgs = heapq.nsmallest(limit, [*msgs, *first_ready(view, limit)], key=_urgency)
+    return msgs
+
+
+async def peek(broker: Broker, view: View, state: State) -> Message | None:
+    """The message of a view that leaves `state` next (beanstalkd peek-ready,
+    peek-delayed, peek-buried), shared store included."""
+    if _stored(view) is None:  # the heads, without a pass over the queues
+        if state == "ready":
+            return peek_ready(view)
+        return peek_delayed(view) if state == "delayed" else peek_buried(view)
+    got = await first(broker, view, state, 1)
+    return got[0] if got else None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import time
 from collections import Counter
-from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -156,12 +155,9 @@ def _whole_message(found: query.Located) -> dict[str, Any]:
     }
 
 
-# the states a peek can list, each in the order it will leave that state
-_LISTS: dict[str, Callable[[Group, int], list[Message]]] = {
-    "ready": query.first_ready,
-    "deferred": query.first_delayed,
-    "buried": query.first_buried,
-}
+# the states a peek can list (the API's name -> the query's), each in the order it will
+# leave that state
+_LISTS: dict[str, query.State] = {"ready": "ready", "deferred": "delayed", "buried": "buried"}
 
 
 def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
@@ -198,10 +194,11 @@ def register(router: Router, gateway: Gateway) -> None:
             limit = min(int(request.arg("limit") or 10), _PEEK_MAX)
         except ValueError:
             raise HTTPError(400, "INVALID_LIMIT") from None
-        lister = _LISTS.get(which)
-        if lister is None:
+        state = _LISTS.get(which)
+        if state is None:
             raise HTTPError(400, "INVALID_STATE")
-        msgs = lister(group, limit)
+        # a shared store's (Redis) queue, whichever gateway holds what
+        msgs = await query.first(gateway.broker, group, state, limit)
         return _json({"state": which, "messages": [_message(m) for m in msgs]})
 
     async def message(request: Request) -> Response:
@@ -210,7 +207,7 @@ def register(router: Router, gateway: Gateway) -> None:
             msg_id = int(request.arg("id") or "")
         except ValueError:
             raise HTTPError(400, "INVALID_ID") from None
-        found = query.locate(group if group is not None else topic, msg_id)
+        found = await query.find_in(gateway.broker, group if group is not None else topic, msg_id)
         if found is None:
             raise HTTPError(404, "MESSAGE_NOT_FOUND")
         return _json(_whole_message(found))
@@ -235,7 +232,7 @@ def register(router: Router, gateway: Gateway) -> None:
                     bound = int(request.arg("bound") or 1000000)
                 except ValueError:
                     raise HTTPError(400, "INVALID_BOUND") from None
-                result["kicked"] = group.kick(bound)
+                result["kicked"] = await gateway.broker.kick(group, bound)
             await gateway.broker.flush()
             return _json(result)
 

@@ -32,12 +32,15 @@ from gateway.stores.redis_codec import (
     IDS_KEY,
     NOTIFY,
     TOPICS_KEY,
+    batches,
     hex_id,
-    pack_all,
+    pack_batch,
     topic_key,
     unpack_flat,
 )
+from gateway.stores.redis_flights import Flights
 from gateway.stores.redis_link import RedisLink
+from gateway.stores.redis_reads import SharedReads
 from gateway.stores.redis_url import RedisTarget
 
 log = logging.getLogger("gateway.store")
@@ -48,6 +51,9 @@ ID_BLOCK = 1 << 16
 # how long a claimed message that is not delivered yet stays claimed (it is delivered at
 # once: this bounds what a gateway that dies between claim and delivery holds back)
 CLAIM_LEASE = 30.0
+# pipelines on the wire at once (redis_flights.py): enough to keep Redis busy while the
+# gateway prepares the next, few enough that a publish waits for at most a few others
+PIPELINES_IN_FLIGHT = 4
 _COMMIT_DELAY = 0.002  # records nobody awaits are sent this soon
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
 _HEALTH_EVERY = 1.0
@@ -62,7 +68,7 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-class RedisStore(Store):
+class RedisStore(SharedReads, Store):
     durable = True
     pages = True
     allocates_ids = True
@@ -76,9 +82,9 @@ class RedisStore(Store):
         self.owner = f"{int(time.time() * 1000):x}-{id(self):x}"
         self._pending: list[_Op] = []
         self._notifying: set[str] = set()  # topics with a notification in _pending
-        self._recorded = 0  # calls recorded so far, and written
-        self._written = 0
-        self._lock = trio.Lock()
+        self._recorded = 0  # calls recorded so far
+        # pipelines on the wire, several at once where one connection keeps them in order
+        self._flights = Flights(PIPELINES_IN_FLIGHT if self.link.overlaps else 1)
         self._wake = trio.Event()
         self._block = (1, 0)  # next id, last id of the current block
         self._next_block: tuple[int, int] | None = None
@@ -193,25 +199,28 @@ class RedisStore(Store):
     ) -> None:
         if not messages:
             return
-        # one publish has one priority; a store caller may mix them: one call per run
-        start = 0
-        for i in range(1, len(messages) + 1):
-            if i == len(messages) or (
-                messages[i].priority != messages[start].priority
-                or messages[i].attempts != messages[start].attempts
-            ):
-                run = messages[start:i]
-                first = run[0]
-                # shared: Redis resolves the groups (-1), atomically with the put
-                where = [-1] if self.shares else [len(groups), *groups]
-                self._record(
-                    "gw_put",
-                    topic,
-                    [_ms(due), first.attempts, first.priority, *where, *pack_all(run)],
-                )
-                start = i
-        if due <= 0.0:
-            self._notify(topic)
+        # shared: Redis resolves the groups (-1), atomically with the put, and tells the
+        # gateways waiting for the topic, if any (the last argument)
+        where = [-1] if self.shares else [len(groups), *groups]
+        told = f"{self.owner} {topic}" if self.shares and due <= 0.0 else ""
+        for run in batches(messages):  # one publish is one batch: one argument per batch
+            first = run[0]
+            self._record(
+                "gw_put",
+                topic,
+                [
+                    _ms(due),
+                    first.attempts,
+                    first.priority,
+                    *where,
+                    hex_id(first.id),
+                    hex_id(run[-1].id),
+                    pack_batch(run),
+                    told,
+                ],
+            )
+        if told and self.on_notify is not None:
+            self.on_notify(topic)  # this gateway's claimer, at once
         last = messages[-1].id
         if last > self._top_id:
             # ids this store did not hand out (a caller numbering its own): never below them
@@ -219,10 +228,16 @@ class RedisStore(Store):
             self._pending.append(("gw_raise_ids", IDS_KEY, [last]))
 
     def _notify(self, topic: str) -> None:
-        # once per topic per pipeline: the others claim everything ready anyway
-        if self.shares and topic not in self._notifying:
+        if not self.shares:
+            return
+        # this gateway's claimer at once (its claim goes behind this record, in order),
+        # not through Redis: "<owner> <topic>" on the channel, and each skips its own
+        if self.on_notify is not None:
+            self.on_notify(topic)
+        # once per topic per pipeline for the others: they claim everything ready anyway
+        if topic not in self._notifying:
             self._notifying.add(topic)
-            self._pending.append(("publish", NOTIFY, [topic]))
+            self._pending.append(("publish", NOTIFY, [f"{self.owner} {topic}"]))
 
     def update(
         self,
@@ -309,32 +324,58 @@ class RedisStore(Store):
 
     async def flush(self) -> None:
         mine = self._recorded
-        if self._written >= mine and self.failed is None:
+        flights = self._flights
+        if flights.written >= mine and self.failed is None:
             return
-        async with self._lock:
-            if self._written >= mine:
-                return
-            await self._write()
+        while flights.written < mine:
+            if flights.submitted >= mine:
+                await flights.changed()  # on the wire: wait for its answer
+            else:
+                await self._write()  # raises StoreError when it cannot be written
 
     async def _write(self, read: _Op | None = None) -> Any:
-        """Send what is recorded; `read`: one more call at the end of the same pipeline,
-        whose reply is returned (a claim rides with the records before it)."""
+        """Send what is recorded as one pipeline, behind those already on the wire, and
+        wait until it counts as written; `read`: one more call at the end of the same
+        pipeline, whose reply is returned (a claim rides with the records before it)."""
+        flights = self._flights
+        while flights.full:
+            await flights.changed()
+        try:
+            await self.link.prepare()
+        except StoreError as exc:
+            self._failing(exc)
+            raise
+        while flights.full:  # a pipeline may have been sent meanwhile
+            await flights.changed()
+        # from here to link.send nothing awaits: the order of the records is the order on
+        # the wire
         ops, self._pending = self._pending, []
         self._notifying = set()
-        target = self._recorded
+        if not ops and read is None:
+            return None
+        seq = flights.start(self._recorded, ops)
+        replies: tuple[Any, ...] = ()
+        error: StoreError | None = None
         try:
-            replies = await self.link.pipeline(ops if read is None else [*ops, read])
+            replies = await self.link.send(ops if read is None else [*ops, read])
         except StoreError as exc:
-            self._pending[:0] = ops  # kept, in order, for the retry
-            if self.failed is None:
-                log.error("%s: writes fail, publishes are refused: %s", self.where, exc)
-            self.failed = exc
-            raise
+            error = exc
+        back = flights.answered(seq, error is None)
+        if back:
+            self._pending[:0] = back  # kept, in order, for the retry
+        if not await flights.verdict(seq):
+            error = error or StoreError(f"{self.where}: a write before this one failed")
+            self._failing(error)
+            raise error
         if self.failed is not None:
             log.warning("%s: writes succeed again", self.where)
             self.failed = None
-        self._written = target
         return replies[-1] if read is not None else None
+
+    def _failing(self, error: StoreError) -> None:
+        if self.failed is None:
+            log.error("%s: writes fail, publishes are refused: %s", self.where, error)
+        self.failed = error
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -360,9 +401,10 @@ class RedisStore(Store):
                 self.failed = StoreError(f"{self.where}: not answering")
                 log.error("%s: not answering; publishes are refused until it is back", self.where)
 
-    def _notified(self, topic: bytes) -> None:
-        if self.on_notify is not None:
-            self.on_notify(topic.decode())
+    def _notified(self, data: bytes) -> None:
+        owner, _, topic = data.decode().partition(" ")
+        if self.on_notify is not None and owner != self.owner:
+            self.on_notify(topic)
 
     async def _commit_loop(self) -> None:
         backoff = _RETRY_MIN
@@ -372,9 +414,7 @@ class RedisStore(Store):
             await trio.sleep(_COMMIT_DELAY)
             while self._pending:
                 try:
-                    async with self._lock:
-                        if self._pending:
-                            await self._write()
+                    await self._write()
                     backoff = _RETRY_MIN
                 except StoreError:
                     await trio.sleep(backoff)
@@ -401,8 +441,8 @@ class RedisStore(Store):
         wall-clock time something else becomes due (0: nothing), and how many claims
         had expired."""
         op = ("gw_claim", topic_key(topic), [group, n, _ms(time.time()), _ms(lease), self.owner])
-        async with self._lock:  # after everything recorded before, in one round trip
-            nxt, expired, flat = await self._write(op)
+        # after everything recorded before, in the same round trip
+        nxt, expired, flat = await self._write(op)
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
     async def counts(
@@ -421,10 +461,14 @@ class RedisStore(Store):
             out.append(per_group)
         return out
 
-    def kick(self, topic: str, group: str, n: int) -> None:
-        """Shared: up to `n` buried (or, none buried, deferred) messages ready again."""
-        self._record("gw_kick", topic, [group, n])
-        self._notify(topic)
+    async def kick(self, topic: str, group: str, n: int) -> int:
+        """Shared: up to `n` buried (or, none buried, deferred) messages ready again, in
+        order after everything recorded; how many there were."""
+        kicked = int(await self._write(("gw_kick", topic_key(topic), [group, n])))
+        if kicked:
+            self._notify(topic)  # with the next pipeline: the others claim them
+            self._wake.set()
+        return kicked
 
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         """Shared: every topic, its pause, and its groups with theirs."""

@@ -8,16 +8,18 @@ client lives in a system task of its own for as long as the store is open.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
 from gateway.stores.base import StoreError
-from gateway.stores.redis_lua import LIBRARY
+from gateway.stores.redis_lua import LIBRARY, OLD_LIBRARIES
 from gateway.stores.redis_url import RedisTarget
+from gateway.stores.redis_wire import Replies, Wire
 
 log = logging.getLogger("gateway.store")
 # coredis logs every retry of a command at INFO: the store says what matters itself
@@ -36,6 +38,7 @@ class RedisLink:
         self._closed = trio.Event()
         self._done = trio.Event()
         self._started = False
+        self._wire = Wire(target)  # the connection of ordered writes (standalone Redis)
 
     async def connect(self) -> None:
         """Connect and load the library, retrying with back-off for `wait` seconds; raises
@@ -84,6 +87,12 @@ class RedisLink:
 
     async def load_library(self) -> None:
         with trio.fail_after(10):
+            # {name: details}, names as bytes (decode_responses is off)
+            names = {_text(name) for name in await self.client.function_list()}
+            for old in OLD_LIBRARIES:
+                # an older gateway's library holds functions of the same names
+                if old in names:
+                    await self.client.function_delete(old)
             await self.client.function_load(LIBRARY, replace=True)
 
     async def pipeline(self, ops: Sequence[tuple[str, str, list[Any]]]) -> tuple[Any, ...]:
@@ -109,20 +118,55 @@ class RedisLink:
         if client is None:
             raise ConnectionError("not connected")
         async with client.pipeline(transaction=False) as pipe:
-            for fn, key, args in ops:
-                if fn == "publish":
-                    pipe.publish(key, args[0])
-                elif fn == "hset":
-                    pipe.hset(key, {args[0]: args[1]})
-                elif fn == "hsetnx":
-                    pipe.hsetnx(key, args[0], args[1])
-                elif fn == "hdel":
-                    pipe.hdel(key, [args[0]])
-                elif fn == "hgetall":
-                    pipe.hgetall(key)
-                else:
-                    pipe.fcall(fn, [key], args)
+            _stack(pipe, ops)
         return tuple(pipe.results or ())
+
+    # -- ordered writes ----------------------------------------------------------
+    #
+    # The store's writes and claims go through one connection of their own (redis_wire.py,
+    # plain RESP: a coredis round trip costs several times the CPU), so that several
+    # pipelines can be on the wire at once and Redis still applies them in the order they
+    # were sent. A Cluster client routes each command to its node itself: there the store
+    # keeps one pipeline in flight through coredis (`overlaps` False).
+
+    @property
+    def overlaps(self) -> bool:
+        return not self.target.cluster
+
+    async def prepare(self) -> None:
+        """Connect the write connection again after a loss."""
+        if self.overlaps and not self._wire.usable:
+            try:
+                await self._wire.open()
+            except StoreError:
+                self.up = False
+                raise
+
+    def send(self, ops: Sequence[tuple[str, str, list[Any]]]) -> Awaitable[tuple[Any, ...]]:
+        """Put `ops` on the wire now, after every pipeline sent before (no await between
+        the caller's choice of ops and this); await the result for their replies. Raises
+        StoreError, at once or from the result."""
+        if not self.overlaps or not ops:
+            return self.pipeline(ops)
+        replies = self._wire.send([_command(op) for op in ops])
+        return self._replies(replies)
+
+    async def _replies(self, replies: Replies) -> tuple[Any, ...]:
+        try:
+            got = await self._wire.result(replies)
+        except StoreError:
+            self.up = False
+            raise
+        for response in got:
+            if isinstance(response, BaseException):
+                if "function not found" in str(response).lower():
+                    # Redis restarted without its data (or FUNCTION FLUSH): load it for
+                    # the retry, which the store makes with everything after this in order
+                    with contextlib.suppress(Exception):
+                        await self.load_library()
+                raise StoreError(f"{self.where}: {_what(response)}")
+        self.up = True
+        return tuple(got)
 
     async def listen(self, channel: str, on_message: Callable[[bytes], None]) -> None:
         """Call `on_message` with every message on `channel`; resubscribes after a loss."""
@@ -151,10 +195,41 @@ class RedisLink:
         return False
 
     async def close(self) -> None:
+        await self._wire.close()
         self._closed.set()
         if self._started:
             with trio.move_on_after(5):
                 await self._done.wait()
+
+
+def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
+    for fn, key, args in ops:
+        if fn == "publish":
+            pipe.publish(key, args[0])
+        elif fn == "hset":
+            pipe.hset(key, {args[0]: args[1]})
+        elif fn == "hsetnx":
+            pipe.hsetnx(key, args[0], args[1])
+        elif fn == "hdel":
+            pipe.hdel(key, [args[0]])
+        elif fn == "hgetall":
+            pipe.hgetall(key)
+        else:
+            pipe.fcall(fn, [key], args)
+
+
+def _command(op: tuple[str, str, list[Any]]) -> list[Any]:
+    fn, key, args = op
+    if fn in _PLAIN:
+        return [fn.upper(), key, *args]
+    return ["FCALL", fn, 1, key, *args]
+
+
+_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hgetall"})
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode() if isinstance(name, bytes) else name
 
 
 def _what(exc: BaseException) -> str:

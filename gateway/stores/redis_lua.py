@@ -6,34 +6,45 @@ Every function takes one key, the topic's prefix `gw:{topic}:`: every key it tou
 starts with it, so they all hash to the topic's Cluster slot (the hash tag). The layout is
 in docs/storage.md ("Redis"):
 
-  m         hash  id -> packed message (body, timestamp, ttr, headers, ...), stored once
-  n         hash  id -> groups still holding the message, when more than one (refs; the
-                  body goes with the last)
+  m         hash  batch -> the messages of one publish: their shared fields (timestamp,
+                  ttr, headers, ...) once, then every body (redis_codec.pack_batch).
+                  A batch is named by its first id; its ids are consecutive
+  x         zset  every score 0, member = "first:last:attempts:priority" of each batch,
+                  so ZREVRANGEBYLEX finds the batch of an id in one step
+  n         hash  batch -> entries (message x group) still holding it; the batch goes
+                  with the last
   groups    hash  group -> paused (0/1)
-  r:<g>     zset  ready, every score 0, member = 8 hex digits of priority + 16 of id, so
-                  lexicographic order is (priority, id) and ZRANGEBYLEX pages it
+  q:<g>     zset  ready since their publish: one member per publish, every score 0,
+                  "priority(8 hex) first(16):last(16)", the range of its ids
+  fresh     hash  group -> how many messages the ranges of q:<g> hold
+  w         set   gateways whose last claim found too little: a publish of the topic
+                  tells them on gw:notify (and empties the set), nobody else is told
+  r:<g>     zset  ready, placed one by one (requeued, promoted, kicked, or a range taken
+                  apart by a slow path): every score 0, member = 8 hex digits of
+                  priority + 16 of id, so lexicographic order is (priority, id) in both
   d:<g>     zset  deferred: score = due (ms since the epoch), member = id
   f:<g>     zset  claimed (in flight on some gateway): score = deadline (ms), member = id
   o:<g>     hash  id -> the claiming gateway
   b:<g>     zset  buried: score = burial order, member = id
-  s:<g>     hash  id -> "attempts:priority" (the per-group fields)
+  s:<g>     hash  id -> "attempts:priority" (the per-group fields). A message ready since
+                  its publish has none: its batch's attempts and priority hold, so a
+                  publish writes three fields and one ready member per message, not more
 The group "" is the topic's backlog (published before any group existed).
 
-Ids are 16 lowercase hex digits everywhere (as NSQ shows them).
+Ids are 16 lowercase hex digits everywhere (as NSQ shows them); an id's place in its
+batch is computed with Lua numbers (doubles), exact below 2^53 (ids come from a counter
+that grows by 65,536 per gateway start).
 """
 
 from __future__ import annotations
 
-LIBRARY_NAME = "gateway_v1"
+from gateway.stores.redis_lua_claims import CLAIMS
 
-LIBRARY = r"""#!lua name=gateway_v1
+LIBRARY_NAME = "gateway_v2"
+# libraries an older gateway loaded: their functions have the same names, so they go first
+OLD_LIBRARIES = ("gateway_v1",)
 
-local function fields(s, g, id)
-  local v = redis.call('HGET', s .. g, id)
-  if not v then return nil end
-  local c = string.find(v, ':', 1, true)
-  return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
-end
+LIBRARY = r"""#!lua name=gateway_v2
 
 local function rkey(prio, id) return string.format('%08x', prio) .. id end
 
@@ -46,6 +57,109 @@ local function bulk(cmd, key, items)
     redis.call(cmd, key, unpack(items, i, j))
     i = j + 1
   end
+end
+
+-- A publish's ready messages wait in q:<g> as ONE member, the range of its ids
+-- "prio(8) first(16):last(16)": a publish costs a few commands whatever its size. Claims
+-- take from the ranges and from r:<g> (every message placed one by one: requeued,
+-- promoted, kicked) in (priority, id) order; `fresh` counts what the ranges hold. The
+-- slow paths (a fresh message changed or deleted by id, paging, snapshots, drops) first
+-- turn the ranges into members of r ("materialize"), and then see only r.
+local function materialize(p, g)
+  local q = p .. 'q:' .. g
+  local ranges = redis.call('ZRANGE', q, 0, -1)
+  if #ranges == 0 then return end
+  local qs = {}
+  for _, mem in ipairs(ranges) do
+    local pre = string.sub(mem, 1, 8)
+    for i = tonumber(string.sub(mem, 9, 24), 16), tonumber(string.sub(mem, 26, 41), 16) do
+      qs[#qs + 1] = 0; qs[#qs + 1] = pre .. string.format('%016x', i)
+    end
+  end
+  bulk('ZADD', p .. 'r:' .. g, qs)
+  redis.call('DEL', q)
+  redis.call('HDEL', p .. 'fresh', g)
+end
+
+local function ready_count(p, g)
+  return redis.call('ZCARD', p .. 'r:' .. g) + (tonumber(redis.call('HGET', p .. 'fresh', g)) or 0)
+end
+
+-- the batch holding `id` (nil: none), from the index x
+local function batch_of(p, id)
+  local found = redis.call('ZREVRANGEBYLEX', p .. 'x', '(' .. id .. ';', '-', 'LIMIT', 0, 1)[1]
+  if not found then return nil end
+  local last = string.sub(found, 18, 33)
+  if id > last then return nil end
+  local c = string.find(found, ':', 35, true)
+  return {first = string.sub(found, 1, 16), last = last, member = found,
+          attempts = tonumber(string.sub(found, 35, c - 1)),
+          prio = tonumber(string.sub(found, c + 1))}
+end
+
+-- `cur` when it holds `id`, else a look-up: over sorted ids, one look-up per batch
+local function find(p, id, cur)
+  if cur and id >= cur.first and id <= cur.last then return cur end
+  return batch_of(p, id)
+end
+
+-- the packed message (shared fields, then its body) as redis_codec.unpack reads it; the
+-- batch keeps its blob and offsets for the next message of the same call
+local function packed(p, b, id)
+  local blob = b.blob
+  if not blob then
+    blob = redis.call('HGET', p .. 'm', b.first)
+    if not blob then return '' end
+    local ml = struct.unpack('>I4', blob)
+    b.blob, b.head, b.offs = blob, string.sub(blob, 1, 4 + ml), 9 + ml
+    b.base = b.offs + 4 * (struct.unpack('<I4', blob, 5 + ml) + 1)
+    b.f0 = tonumber(b.first, 16)
+  end
+  local o1, o2 = struct.unpack('<I4<I4', blob, b.offs + 4 * (tonumber(id, 16) - b.f0))
+  return b.head .. string.sub(blob, b.base + o1, b.base + o2 - 1)
+end
+
+-- attempts, priority of `id` in group g (nil: not there), and the batch looked up if any
+local function fields(p, g, id, cur)
+  local v = redis.call('HGET', p .. 's:' .. g, id)
+  if v then
+    local c = string.find(v, ':', 1, true)
+    return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1)), cur
+  end
+  materialize(p, g)  -- a fresh one may still be in a range
+  local b = find(p, id, cur)
+  if b and redis.call('ZSCORE', p .. 'r:' .. g, rkey(b.prio, id)) then
+    return b.attempts, b.prio, b
+  end
+  return nil, nil, b or cur
+end
+
+-- fn(batch, k) for each batch of `ids` (sorted here), k = how many of them it holds
+local function each_batch(p, ids, fn)
+  table.sort(ids)
+  local cur, k = nil, 0
+  for _, id in ipairs(ids) do
+    local b = find(p, id, cur)
+    if b ~= cur then
+      if cur and k > 0 then fn(cur, k) end
+      cur, k = b, 0
+    end
+    if b then k = k + 1 end
+  end
+  if cur and k > 0 then fn(cur, k) end
+end
+
+-- k entries of batch b are gone; the batch goes with its last
+local function release(p, b, k)
+  if redis.call('HINCRBY', p .. 'n', b.first, -k) <= 0 then
+    redis.call('HDEL', p .. 'n', b.first)
+    redis.call('HDEL', p .. 'm', b.first)
+    redis.call('ZREM', p .. 'x', b.member)
+  end
+end
+
+local function release_all(p, ids)
+  each_batch(p, ids, function(b, k) release(p, b, k) end)
 end
 
 -- take a message out of whatever state it is in within one group (not its fields)
@@ -66,23 +180,26 @@ local function place(p, g, id, prio, state, score)
   end
 end
 
--- refs: absent means 1 (most messages are in one group: no field to write for them)
-local function release(p, id)
-  local left = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) - 1
-  if left <= 0 then
-    redis.call('HDEL', p .. 'n', id)
-    redis.call('HDEL', p .. 'm', id)
-  else
-    redis.call('HSET', p .. 'n', id, left)
+-- every id group g holds: those with fields, and those ready since their publish
+local function all_ids(p, g)
+  materialize(p, g)
+  local ids, seen = {}, {}
+  for _, id in ipairs(redis.call('HKEYS', p .. 's:' .. g)) do
+    seen[id] = true
+    ids[#ids + 1] = id
   end
+  for _, mem in ipairs(redis.call('ZRANGE', p .. 'r:' .. g, 0, -1)) do
+    local id = string.sub(mem, 9)
+    if not seen[id] then ids[#ids + 1] = id end
+  end
+  return ids
 end
 
 local function drop_all(p, g)
-  local s = p .. 's:' .. g
-  local ids = redis.call('HKEYS', s)
-  for _, id in ipairs(ids) do release(p, id) end
-  redis.call('DEL', s, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g, p .. 'f:' .. g,
-             p .. 'o:' .. g)
+  release_all(p, all_ids(p, g))
+  redis.call('DEL', p .. 's:' .. g, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g,
+             p .. 'f:' .. g, p .. 'o:' .. g, p .. 'q:' .. g)
+  redis.call('HDEL', p .. 'fresh', g)
 end
 
 -- the groups a publish goes to as Redis has them (shared): none while the topic is
@@ -92,9 +209,10 @@ local function current_groups(p)
   return redis.call('HKEYS', p .. 'groups')
 end
 
--- put: due_ms attempts prio ngroups g... then id packed pairs; ngroups -1: every group the
--- topic has in Redis now (several gateways publish; none has to know the others' groups).
--- A handful of bulk commands per call, whatever the number of messages.
+-- put: due_ms attempts prio ngroups g... first last blob told: one publish's messages (ids
+-- first..last, consecutive) as one batch; ngroups -1: every group the topic has in Redis
+-- now (several gateways publish; none has to know the others' groups). Per message only
+-- nothing when ready (one range per group); delayed, its fields and due time.
 redis.register_function('gw_put', function(keys, a)
   local p = keys[1]
   local due, attempts, prio, ng = tonumber(a[1]), a[2], tonumber(a[3]), tonumber(a[4])
@@ -106,27 +224,38 @@ redis.register_function('gw_put', function(keys, a)
     for i = 1, ng do groups[i] = a[4 + i] end
   end
   if #groups == 0 then groups[1] = '' end
-  local refs = #groups
-  local f = attempts .. ':' .. prio
-  local ms, ns, ss, qs = {}, {}, {}, {}
-  for i = 5 + ng, #a, 2 do
-    local id = a[i]
-    ms[#ms + 1] = id; ms[#ms + 1] = a[i + 1]
-    if refs > 1 then ns[#ns + 1] = id; ns[#ns + 1] = refs end
-    ss[#ss + 1] = id; ss[#ss + 1] = f
-    if due > 0 then
-      qs[#qs + 1] = due; qs[#qs + 1] = id
-    else
-      qs[#qs + 1] = 0; qs[#qs + 1] = rkey(prio, id)
+  local first, last, blob, told = a[5 + ng], a[6 + ng], a[7 + ng], a[8 + ng]
+  local f0 = tonumber(first, 16)
+  local count = tonumber(last, 16) - f0 + 1
+  redis.call('HSET', p .. 'm', first, blob)
+  redis.call('HSET', p .. 'n', first, count * #groups)
+  redis.call('ZADD', p .. 'x', 0, first .. ':' .. last .. ':' .. attempts .. ':' .. prio)
+  if due <= 0 then
+    local range = string.format('%08x', prio) .. first .. ':' .. last
+    for _, g in ipairs(groups) do
+      -- counted once, should a retried pipeline put it again
+      if redis.call('ZADD', p .. 'q:' .. g, 0, range) == 1 then
+        redis.call('HINCRBY', p .. 'fresh', g, count)
+      end
     end
+    -- gateways whose last claim found the topic empty wait for this: tell them, once
+    if told and told ~= '' and redis.call('DEL', p .. 'w') == 1 then
+      redis.call('PUBLISH', 'gw:notify', told)
+    end
+    return #groups
   end
-  bulk('HSET', p .. 'm', ms)
-  bulk('HSET', p .. 'n', ns)
+  local qs, ss = {}, {}
+  local f = attempts .. ':' .. prio
+  for i = 0, count - 1 do
+    local id = string.format('%016x', f0 + i)
+    qs[#qs + 1] = due; qs[#qs + 1] = id
+    ss[#ss + 1] = id; ss[#ss + 1] = f
+  end
   for _, g in ipairs(groups) do
     bulk('HSET', p .. 's:' .. g, ss)
-    bulk('ZADD', p .. (due > 0 and 'd:' or 'r:') .. g, qs)
+    bulk('ZADD', p .. 'd:' .. g, qs)
   end
-  return refs
+  return #groups
 end)
 
 -- update: group owner then (id attempts prio state score expect) x n
@@ -136,11 +265,12 @@ end)
 -- claimed or kicked by another gateway since) is skipped.
 redis.register_function('gw_update', function(keys, a)
   local p, g, owner = keys[1], a[1], a[2]
-  local applied = 0
+  local applied, cur = 0, nil
   for i = 3, #a, 6 do
     local id, attempts, prio, state, score, expect =
       a[i], a[i + 1], tonumber(a[i + 2]), a[i + 3], tonumber(a[i + 4]), a[i + 5]
-    local _, was = fields(p .. 's:', g, id)
+    local _, was, b = fields(p, g, id, cur)
+    cur = b
     local ok = was ~= nil
     if ok and expect ~= '*' then
       if expect == 'f' then
@@ -169,52 +299,60 @@ redis.register_function('gw_remove', function(keys, a)
   local ids = {}
   for i = 3, #a do ids[#ids + 1] = a[i] end
   if #ids == 0 then return 0 end
+  local r = p .. 'r:' .. g
   local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
   local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
-  local gone, members = {}, {}
+  local gone, members, seen, cur = {}, {}, {}, nil
   for i, id in ipairs(ids) do
-    local v, holder = svals[i], holders[i]
-    if v and (owner == '' or not holder or holder == owner) then
-      gone[#gone + 1] = id
-      members[#members + 1] = rkey(tonumber(string.sub(v, string.find(v, ':', 1, true) + 1)), id)
+    if not seen[id] then
+      seen[id] = true
+      local v, holder, prio = svals[i], holders[i], nil
+      if v then
+        prio = tonumber(string.sub(v, string.find(v, ':', 1, true) + 1))
+      else  -- ready since its publish, if anywhere
+        materialize(p, g)
+        cur = find(p, id, cur)
+        if cur and redis.call('ZSCORE', r, rkey(cur.prio, id)) then prio = cur.prio end
+      end
+      if prio and (owner == '' or not holder or holder == owner) then
+        gone[#gone + 1] = id
+        members[#members + 1] = rkey(prio, id)
+      end
     end
   end
   if #gone == 0 then return 0 end
-  bulk('ZREM', p .. 'r:' .. g, members)
+  bulk('ZREM', r, members)
   for _, k in ipairs({'d:', 'b:', 'f:'}) do bulk('ZREM', p .. k .. g, gone) end
   bulk('HDEL', p .. 'o:' .. g, gone)
   bulk('HDEL', p .. 's:' .. g, gone)
-  local refs = redis.call('HMGET', p .. 'n', unpack(gone))
-  local drop, keep = {}, {}
-  for i, id in ipairs(gone) do
-    local left = (tonumber(refs[i]) or 1) - 1
-    if left <= 0 then drop[#drop + 1] = id else keep[#keep + 1] = id; keep[#keep + 1] = left end
-  end
-  bulk('HDEL', p .. 'n', drop)
-  bulk('HDEL', p .. 'm', drop)
-  bulk('HSET', p .. 'n', keep)
-  return #gone
+  local n = #gone
+  release_all(p, gone)
+  return n
 end)
 
 -- fan_out: group... (the backlog goes to every one of them)
 local function fan_out(p, a)
-  local s = p .. 's:'
-  local ids = redis.call('HKEYS', s)
+  local ids = all_ids(p, '')
+  table.sort(ids)
+  local cur = nil
   for _, id in ipairs(ids) do
-    local attempts, prio = fields(s, '', id)
-    local due = redis.call('ZSCORE', p .. 'd:', id)
-    for _, g in ipairs(a) do
-      redis.call('HSET', s .. g, id, attempts .. ':' .. prio)
-      if due then place(p, g, id, prio, 'd', due) else place(p, g, id, prio, 'r', 0) end
-    end
-    if #a == 0 then
-      release(p, id)
-    elseif #a > 1 then
-      local refs = (tonumber(redis.call('HGET', p .. 'n', id)) or 1) + #a - 1
-      redis.call('HSET', p .. 'n', id, refs)
+    local attempts, prio, b = fields(p, '', id, cur)
+    cur = b
+    if attempts then
+      local due = redis.call('ZSCORE', p .. 'd:', id)
+      for _, g in ipairs(a) do
+        redis.call('HSET', p .. 's:' .. g, id, attempts .. ':' .. prio)
+        if due then place(p, g, id, prio, 'd', due) else place(p, g, id, prio, 'r', 0) end
+      end
     end
   end
-  redis.call('DEL', s, p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:')
+  if #a == 0 then
+    release_all(p, ids)
+  elseif #a > 1 then
+    each_batch(p, ids, function(b, k) redis.call('HINCRBY', p .. 'n', b.first, k * (#a - 1)) end)
+  end
+  redis.call('DEL', p .. 's:', p .. 'r:', p .. 'd:', p .. 'b:', p .. 'f:', p .. 'o:', p .. 'q:')
+  redis.call('HDEL', p .. 'fresh', '')
   return #ids
 end
 
@@ -256,169 +394,11 @@ redis.register_function('gw_drop_topic', function(keys, a)
   local p = keys[1]
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
-  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'seq', p .. 'meta')
+  redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta',
+             p .. 'fresh', p .. 'w')
   return 1
-end)
-
--- snapshot: group window (-1: all, 0: none) -> {spilled, ready[], deferred[], buried[], claimed}
--- ready/deferred/buried entries are flat (id attempts prio packed [due])
-local function entry(p, g, id, out, with_due, due)
-  local attempts, prio = fields(p .. 's:', g, id)
-  if attempts == nil then return end
-  out[#out + 1] = id
-  out[#out + 1] = attempts
-  out[#out + 1] = prio
-  out[#out + 1] = redis.call('HGET', p .. 'm', id) or ''
-  if with_due then out[#out + 1] = due end
-end
-
-redis.register_function('gw_snapshot', function(keys, a)
-  local p, g, window = keys[1], a[1], tonumber(a[2])
-  local ready, deferred, buried = {}, {}, {}
-  local r = p .. 'r:' .. g
-  local total = redis.call('ZCARD', r)
-  local members = {}
-  if window ~= 0 then members = redis.call('ZRANGE', r, 0, window > 0 and window - 1 or -1) end
-  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), ready, false) end
-  local d = redis.call('ZRANGE', p .. 'd:' .. g, 0, -1, 'WITHSCORES')
-  for i = 1, #d, 2 do entry(p, g, d[i], deferred, true, d[i + 1]) end
-  for _, id in ipairs(redis.call('ZRANGE', p .. 'b:' .. g, 0, -1)) do
-    entry(p, g, id, buried, false)
-  end
-  return {total - #members, ready, deferred, buried, redis.call('ZCARD', p .. 'f:' .. g)}
-end)
-
--- load: group from_member limit -> flat (id attempts prio packed) in (priority, id) order
-redis.register_function('gw_load', function(keys, a)
-  local p, g = keys[1], a[1]
-  local out = {}
-  local members = redis.call('ZRANGEBYLEX', p .. 'r:' .. g, '[' .. a[2], '+', 'LIMIT', 0, a[3])
-  for _, mem in ipairs(members) do entry(p, g, string.sub(mem, 9), out, false) end
-  return out
-end)
-
--- Move what is due back to ready: deferred messages whose time came, and claims whose
--- deadline passed (a gateway that died, or a consumer that never answered). The attempt
--- was counted when the message was delivered, so the next delivery shows attempts + 1.
-local function promote(p, g, now)
-  local d = p .. 'd:' .. g
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, 1000)) do
-    local _, prio = fields(p .. 's:', g, id)
-    redis.call('ZREM', d, id)
-    if prio then place(p, g, id, prio, 'r', 0) end
-  end
-  local f = p .. 'f:' .. g
-  local expired = redis.call('ZRANGEBYSCORE', f, '-inf', now, 'LIMIT', 0, 1000)
-  for _, id in ipairs(expired) do
-    local _, prio = fields(p .. 's:', g, id)
-    redis.call('ZREM', f, id)
-    redis.call('HDEL', p .. 'o:' .. g, id)
-    if prio then place(p, g, id, prio, 'r', 0) end
-  end
-  return #expired
-end
-
-local function next_due(p, g)
-  local nxt = -1
-  for _, k in ipairs({p .. 'd:' .. g, p .. 'f:' .. g}) do
-    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-    if first[2] then
-      local t = tonumber(first[2])
-      if nxt < 0 or t < nxt then nxt = t end
-    end
-  end
-  return nxt
-end
-
--- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, flat (id attempts prio
--- packed)}: the n most urgent ready messages become claimed by `owner` until now + lease
--- (the delivery then sets the consumer's own deadline). A claim is made only for a
--- delivery, so the attempt is counted here already (the reply shows the count before
--- it): a gateway killed before it recorded the delivery still gives attempts + 1.
-redis.register_function('gw_claim', function(keys, a)
-  local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
-    tonumber(a[4]), a[5]
-  local expired = promote(p, g, now)
-  local out = {}
-  local r = p .. 'r:' .. g
-  local members = n > 0 and redis.call('ZRANGE', r, 0, n - 1) or {}
-  if #members > 0 then
-    bulk('ZREM', r, members)
-    local ids = {}
-    for i, mem in ipairs(members) do ids[i] = string.sub(mem, 9) end
-    local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
-    local bodies = redis.call('HMGET', p .. 'm', unpack(ids))
-    local fs, os, ss = {}, {}, {}
-    for i, id in ipairs(ids) do
-      local v = svals[i]
-      if v then
-        local c = string.find(v, ':', 1, true)
-        local attempts, prio = string.sub(v, 1, c - 1), string.sub(v, c + 1)
-        fs[#fs + 1] = now + lease; fs[#fs + 1] = id
-        os[#os + 1] = id; os[#os + 1] = owner
-        ss[#ss + 1] = id; ss[#ss + 1] = (tonumber(attempts) + 1) .. ':' .. prio
-        out[#out + 1] = id; out[#out + 1] = attempts; out[#out + 1] = prio
-        out[#out + 1] = bodies[i] or ''
-      end
-    end
-    bulk('ZADD', p .. 'f:' .. g, fs)
-    bulk('HSET', p .. 'o:' .. g, os)
-    bulk('HSET', p .. 's:' .. g, ss)
-  end
-  return {next_due(p, g), expired, out}
-end)
-
--- touch: group owner then (id deadline_ms) pairs: claims' deadlines move, only their
--- owner's (a delivery, NSQ TOUCH, beanstalkd touch)
-redis.register_function('gw_touch', function(keys, a)
-  local p, g, owner = keys[1], a[1], a[2]
-  local ids = {}
-  for i = 3, #a, 2 do ids[#ids + 1] = a[i] end
-  if #ids == 0 then return 0 end
-  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
-  local fs = {}
-  for i, id in ipairs(ids) do
-    if holders[i] == owner then fs[#fs + 1] = a[2 * i + 2]; fs[#fs + 1] = id end
-  end
-  bulk('ZADD', p .. 'f:' .. g, fs)
-  return #fs / 2
-end)
-
--- counts: group... -> per group {ready, deferred, claimed, buried, oldest buried as
--- (id attempts prio packed) or empty}
-redis.register_function('gw_counts', function(keys, a)
-  local p = keys[1]
-  local out = {}
-  for _, g in ipairs(a) do
-    local head = {}
-    local first = redis.call('ZRANGE', p .. 'b:' .. g, 0, 0)
-    if first[1] then entry(p, g, first[1], head, false) end
-    out[#out + 1] = {
-      redis.call('ZCARD', p .. 'r:' .. g), redis.call('ZCARD', p .. 'd:' .. g),
-      redis.call('ZCARD', p .. 'f:' .. g), redis.call('ZCARD', p .. 'b:' .. g), head}
-  end
-  return out
-end)
-
--- raise_ids: KEYS[1] = the id counter; never below a[1] (ids numbered by a caller)
-redis.register_function('gw_raise_ids', function(keys, a)
-  local cur = tonumber(redis.call('GET', keys[1]) or '0')
-  if cur < tonumber(a[1]) then redis.call('SET', keys[1], a[1]) end
-  return 1
-end)
-
--- kick: group n -> how many moved to ready: the oldest burials first or, when none is
--- buried, the deferred messages due first (beanstalkd's kick)
-redis.register_function('gw_kick', function(keys, a)
-  local p, g = keys[1], a[1]
-  local from = p .. 'b:' .. g
-  if redis.call('ZCARD', from) == 0 then from = p .. 'd:' .. g end
-  local ids = redis.call('ZRANGE', from, 0, tonumber(a[2]) - 1)
-  for _, id in ipairs(ids) do
-    local attempts, prio = fields(p .. 's:', g, id)
-    redis.call('ZREM', from, id)
-    if prio then place(p, g, id, prio, 'r', 0) end
-  end
-  return #ids
 end)
 """
+
+# the library: the steps above that change a queue, then those that read and claim
+LIBRARY = LIBRARY + CLAIMS

@@ -160,3 +160,72 @@ async def test_requeue_and_bury_go_back_to_redis_for_any_gateway(
         assert b.claims is not None
         await b.claims.refresh()
         assert gb.remote_buried == 1
+
+
+async def test_a_publish_is_stored_once_and_goes_with_its_last_entry(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """One batch per publish (the bodies end to end): two groups finishing at different
+    times, and a backlog handed to two groups, free it only with the last entry."""
+    async with gateway(redis_url, tmp_path) as a:
+        a.topic("t")
+        a.publish("t", [b"early %d" % i for i in range(30)])  # the backlog: no group yet
+        await a.flush()
+        a.topic("t").pause()
+        g1, g2 = a.group("t", "c1"), a.group("t", "c2")
+        a.topic("t").unpause()  # the backlog goes to both groups
+        s1, s2 = Finisher(), Finisher(hold=True)
+        g1.attach(s1, 60).set_ready(500)
+        c2 = g2.attach(s2, 60)
+        c2.set_ready(500)
+        a.publish("t", [b"%d" % i for i in range(100)])
+        await a.flush()
+        await until(lambda: len(s1.got) == 130 and len(s2.got) == 130)
+        await a.flush()
+        assert sorted(m.body for m in s2.got) == sorted(m.body for m in s1.got)
+        assert redis_server.cli("HLEN", "gw:{t}:m").strip() == "2"
+        for m in s2.got:
+            g2.finish(c2, m.id)
+        await a.flush()
+        assert redis_server.cli("EXISTS", "gw:{t}:m", "gw:{t}:n", "gw:{t}:x").strip() == "0"
+
+
+async def test_claims_follow_priority_then_id_across_publishes_and_requeues(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A publish waits as one range; requeued messages are placed one by one. Claims of
+    any size merge both in (priority, id) order, and the counts follow."""
+    store = open_store(redis_url, tmp_path)
+    await store.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.add_topic("t")
+        store.add_group("t", "g")
+        expected = []
+        for prio, n in ((5, 7), (1, 3), (5, 4), (9, 1)):
+            first = store.take_ids(n)
+            ids = range(first, first + n)
+            msgs = [Message(i, "t", b"%d" % i, 1, priority=prio) for i in ids]
+            store.put("t", ["g"], msgs, 0.0)
+            expected += [(prio, m.id) for m in msgs]
+        await store.flush()
+        got, _, _ = await store.claim("t", "g", 5)
+        claimed = [(m.priority, m.id) for m in got]
+        assert claimed == sorted(expected)[:5]
+        back = got[1]  # requeued with a priority between the others: placed on its own
+        back.priority = 5
+        store.update("t", "g", back, expect="f")
+        await store.flush()
+        rest = sorted([*(e for e in expected if e not in claimed), (5, back.id)])
+        (counts,) = await store.counts([("t", ["g"])])
+        assert counts[0][:3] == (len(rest), 0, 4)
+        seen = []
+        for size in (2, 1, 3, 100):
+            part, _, _ = await store.claim("t", "g", size)
+            seen += [(m.priority, m.id) for m in part]
+            assert all(m.body == b"%d" % m.id for m in part)
+        assert seen == rest
+        (counts,) = await store.counts([("t", ["g"])])
+        assert counts[0][:3] == (0, 0, 4 + len(rest))
+        nursery.cancel_scope.cancel()
+    await store.close()

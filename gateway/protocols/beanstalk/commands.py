@@ -87,53 +87,59 @@ class TubeCommands:
 
     # -- peek and kick --------------------------------------------------------------
 
-    def _peek(self, event: ev.Peek) -> bytes:
+    async def _peek(self, event: ev.Peek) -> bytes:
         self.server.commands["peek"] += 1
-        found = self.server.find_job(event.id)
+        found = await self.server.find_shared_job(event.id)
         return bc.NOT_FOUND if found is None else bc.found(found.message.id, found.message.body)
 
     def _used_view(self) -> Group | Topic | None:
         return self.server.view(self.used)
 
-    def _peek_ready(self, event: ev.PeekReady) -> bytes:
+    async def _peek_state(self, state: query.State) -> bytes:
+        view = self._used_view()
+        msg = await query.peek(self.server.broker, view, state) if view is not None else None
+        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
+
+    async def _peek_ready(self, event: ev.PeekReady) -> bytes:
         self.server.commands["peek-ready"] += 1
-        view = self._used_view()
-        msg = query.peek_ready(view) if view is not None else None
-        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
+        return await self._peek_state("ready")
 
-    def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
+    async def _peek_delayed(self, event: ev.PeekDelayed) -> bytes:
         self.server.commands["peek-delayed"] += 1
-        view = self._used_view()
-        msg = query.peek_delayed(view) if view is not None else None
-        return bc.NOT_FOUND if msg is None else bc.found(msg.id, msg.body)
+        return await self._peek_state("delayed")
 
-    def _peek_buried(self, event: ev.PeekBuried) -> bytes:
+    async def _peek_buried(self, event: ev.PeekBuried) -> bytes:
         self.server.commands["peek-buried"] += 1
-        view = self._used_view()
-        oldest = query.peek_buried(view) if view is not None else None
-        return bc.NOT_FOUND if oldest is None else bc.found(oldest.id, oldest.body)
+        return await self._peek_state("buried")
 
-    def _kick(self, event: ev.Kick) -> bytes:
+    async def _kick(self, event: ev.Kick) -> bytes:
         self.server.commands["kick"] += 1
         group = self.server.group(self.used, create=True)
-        return bc.kicked(group.kick(event.bound) if group is not None else 0)
+        if group is None:
+            return bc.kicked(0)
+        return bc.kicked(await self.server.broker.kick(group, event.bound))
 
-    def _kick_job(self, event: ev.KickJob) -> bytes:
-        found = self.server.find_job(event.id)
+    async def _kick_job(self, event: ev.KickJob) -> bytes:
+        found = await self.server.find_shared_job(event.id)
         if found is None or found.state not in ("buried", "delayed"):
             return bc.NOT_FOUND
         group = found.group
         if group is None:  # in the backlog: the tube's new group adopts the backlog
             group = self.server.group(found.message.topic, create=True)
-        if group is None or not group.kick_message(event.id):
+        if group is None:
+            return bc.NOT_FOUND
+        if found.left is not None:  # found in a shared store: kicked there
+            group.kick_stored(found.message, buried=found.state == "buried")
+            await self.server.broker.flush()
+        elif not group.kick_message(event.id):
             return bc.NOT_FOUND
         return bc.KICKED
 
     # -- stats ---------------------------------------------------------------------------
 
-    def _stats_job(self, event: ev.StatsJob) -> bytes:
+    async def _stats_job(self, event: ev.StatsJob) -> bytes:
         self.server.commands["stats-job"] += 1
-        found = self.server.find_job(event.id)
+        found = await self.server.find_shared_job(event.id)
         if found is None:
             return bc.NOT_FOUND
         return bc.ok_yaml(bc.yaml_dict(stats.stats_job(found, self.server.default_ttr)))

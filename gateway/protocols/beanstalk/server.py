@@ -130,9 +130,19 @@ class BeanstalkServer:
 
     # -- jobs by id -----------------------------------------------------------------
 
+    @property
+    def shared(self) -> bool:
+        """The queues are in a store several gateways share (Redis)."""
+        return query.shared(self.broker)
+
     def find_job(self, job_id: int) -> query.Located | None:
         """A job in any tube: its state, the message, and the group (or topic backlog)."""
         return query.locate_in(self.broker, job_id, self._job_view)
+
+    async def find_shared_job(self, job_id: int) -> query.Located | None:
+        """`find_job`, and with a shared store (Redis) also what another gateway holds,
+        deferred or buried."""
+        return await query.find(self.broker, job_id, self._job_view)
 
     def _job_view(self, topic: Topic) -> Group | Topic | None:
         # a groupless topic's backlog is a tube only under a name beanstalkd clients can use

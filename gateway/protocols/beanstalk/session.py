@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -155,6 +157,17 @@ class BeanstalkSession(TubeCommands):
                     published = False
                 reply = await self._reserve(event)
                 start = len(self._out)  # what came before is committed (or refused)
+                # shared store: the job's deadline is in Redis before the worker has it
+                published = self.server.shared and reply[0:1] == b"R"
+            elif cls in _READS_STORE:
+                # the answer may come from a shared store: what this connection put
+                # must be there first
+                if published:
+                    await self._commit(start)
+                    published = False
+                reply = await _READS_STORE[cls](self, event)
+                self._errors_in_a_row = 0
+                start = len(self._out)
             elif cls is ev.Quit:
                 keep_open = False
                 break
@@ -178,6 +191,9 @@ class BeanstalkSession(TubeCommands):
                 else:
                     reply = handler(self, event)
                     self._errors_in_a_row = 0
+                    if cls in _WRITES_STORE and self.server.shared:
+                        # another gateway's next read sees it: committed before the reply
+                        published = True
             out.append(reply)
             if self._eof:
                 keep_open = False
@@ -426,8 +442,8 @@ class BeanstalkSession(TubeCommands):
         consumer.group.touch(consumer, event.id, ttr, math.inf)
         return bc.TOUCHED
 
-    def _reserve_job(self, event: ev.ReserveJob) -> bytes:
-        found = self.server.find_job(event.id)
+    async def _reserve_job(self, event: ev.ReserveJob) -> bytes:
+        found = await self.server.find_shared_job(event.id)
         if found is None or found.state == "reserved":
             return bc.NOT_FOUND
         group = found.group
@@ -436,7 +452,11 @@ class BeanstalkSession(TubeCommands):
         assert group is not None
         self.is_worker = True
         self._got = None
-        group.take_any(self._consumer(group.topic.name, group), event.id)
+        consumer = self._consumer(group.topic.name, group)
+        if found.left is not None:  # a shared store keeps it: claimed there for us
+            await self.server.broker.take_stored(group, consumer, event.id)
+        else:
+            group.take_any(consumer, event.id)
         if self._got is None:
             return bc.NOT_FOUND
         return self._reserved_reply()
@@ -444,15 +464,9 @@ class BeanstalkSession(TubeCommands):
     # -- tubes -------------------------------------------------------------------------
 
 
-_HANDLERS = {
-    ev.Use: BeanstalkSession._use,
-    ev.Delete: BeanstalkSession._delete,
-    ev.Release: BeanstalkSession._release,
-    ev.Bury: BeanstalkSession._bury,
-    ev.Touch: BeanstalkSession._touch,
+# commands whose answer may come from a shared store (Redis): awaited
+_READS_STORE: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = {
     ev.ReserveJob: BeanstalkSession._reserve_job,
-    ev.Watch: BeanstalkSession._watch,
-    ev.Ignore: BeanstalkSession._ignore,
     ev.Peek: BeanstalkSession._peek,
     ev.PeekReady: BeanstalkSession._peek_ready,
     ev.PeekDelayed: BeanstalkSession._peek_delayed,
@@ -460,6 +474,20 @@ _HANDLERS = {
     ev.Kick: BeanstalkSession._kick,
     ev.KickJob: BeanstalkSession._kick_job,
     ev.StatsJob: BeanstalkSession._stats_job,
+}
+
+# with a shared store (Redis) these are committed before their reply, like a put, so
+# that what a client was told holds for a client of any other gateway at once
+_WRITES_STORE = frozenset({ev.Delete, ev.Release, ev.Bury, ev.Touch, ev.PauseTube})
+
+_HANDLERS = {
+    ev.Use: BeanstalkSession._use,
+    ev.Delete: BeanstalkSession._delete,
+    ev.Release: BeanstalkSession._release,
+    ev.Bury: BeanstalkSession._bury,
+    ev.Touch: BeanstalkSession._touch,
+    ev.Watch: BeanstalkSession._watch,
+    ev.Ignore: BeanstalkSession._ignore,
     ev.StatsTube: BeanstalkSession._stats_tube,
     ev.Stats: BeanstalkSession._stats,
     ev.ListTubes: BeanstalkSession._list_tubes,

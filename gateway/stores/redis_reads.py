@@ -1,0 +1,91 @@
+"""What the shared Redis store answers about single messages and queue heads, for the
+broker's query API (beanstalkd peek, stats-job, kick-job, reserve-job and peek-*, the
+admin page's lists) when the message may be held, deferred or buried by another gateway.
+
+A mixin of RedisStore: every read first flushes what this gateway recorded, so that it
+sees its own changes, then asks Redis in one round trip (gw_find, gw_peek in
+redis_lua_claims.py). A claim of one particular message rides the ordered write path,
+like every claim.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.model import Message
+from gateway.stores.base import StoreError
+from gateway.stores.redis_codec import hex_id, topic_key, unpack_flat
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One message as Redis has it in one group ("" for the topic's backlog)."""
+
+    topic: str
+    group: str
+    state: str  # ready, delayed, reserved, buried
+    at: float  # wall clock: the claim's deadline (reserved) or the due time (delayed); 0
+    owner: str  # the gateway holding the claim ("" unless reserved)
+    message: Message
+
+
+class SharedReads:
+    link: Any
+    owner: str
+    where: str
+
+    async def flush(self) -> None:
+        raise NotImplementedError
+
+    async def _write(self, read: Any = None) -> Any:
+        raise NotImplementedError
+
+    async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
+        """Message `msg_id` in the first of `where`'s (topic, groups) that holds it."""
+        await self.flush()
+        hid = hex_id(msg_id)
+        ops = [("gw_find", topic_key(t), [hid, *groups]) for t, groups in where if groups]
+        replies = await self.link.pipeline(ops)
+        for (topic, _), reply in zip(where, replies, strict=False):
+            if reply:
+                group, state, score, owner, *entry = reply
+                (msg,) = unpack_flat(topic, entry)
+                return Found(
+                    topic, _text(group), _text(state), float(score) / 1000.0, _text(owner), msg
+                )
+        return None
+
+    async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
+        """The first `limit` messages of a group in `state`, in the order they leave it."""
+        await self.flush()
+        (flat,) = await self.link.pipeline([("gw_peek", topic_key(topic), [group, state, limit])])
+        out = []
+        for i in range(0, len(flat), 5):
+            (msg,) = unpack_flat(topic, flat[i : i + 4])
+            out.append(Found(topic, group, state, float(flat[i + 4]) / 1000.0, "", msg))
+        return out
+
+    async def claim_id(self, topic: str, group: str, msg_id: int, lease: float) -> Message | None:
+        """Claim one particular message for a delivery here (beanstalkd reserve-job),
+        whatever its state, unless another gateway holds it. Its attempt is counted."""
+        now = int(time.time() * 1000)
+        op = (
+            "gw_claim_id",
+            topic_key(topic),
+            [group, hex_id(msg_id), now, int(lease * 1000), self.owner],
+        )
+        flat = await self._write(op)
+        if not flat:
+            return None
+        (msg,) = unpack_flat(topic, flat)
+        return msg
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+__all__ = ["Found", "SharedReads", "StoreError"]
