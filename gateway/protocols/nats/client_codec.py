@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.protocols.nats import client_events as ev
@@ -373,33 +374,11 @@ class NATSClientCodec:
             self._pos = nl + 1
             if stop - a > self.max_control_line:
                 return self._fail(ERR_MAX_CONTROL_LINE)
-            event = self._dispatch(kind, a, stop)
+            event = _OP_ARGUMENTS[kind](self, a, stop)
             if event is not None or self._want is not None:
                 return event  # None: a PUB/HPUB waiting for its payload
 
-    def _dispatch(self, kind: int, a: int, stop: int) -> ev.Event | None:
-        """The op `kind` with its argument buf[a:stop]."""
-        if kind == _PUB:
-            return self._pub(a, stop)
-        if kind == _HPUB:
-            return self._hpub(a, stop)
-        if kind == _SUB:
-            return self._sub(_SUB_ARGS.findall(self._buf, a, stop))
-        if kind == _UNSUB:
-            return self._unsub(_SUB_ARGS.findall(self._buf, a, stop))
-        if kind == _CONNECT:
-            return self._connect(bytes(self._buf[a:stop]))
-        if kind == _INFO:
-            try:
-                _parse_json(bytes(self._buf[a:stop]))
-            except ValueError:
-                return self._fail(None)
-            return None  # nats-server ignores a client's INFO
-        if kind == _ERR:
-            return self._fail(None)  # "Client Error ...", closed without a reply
-        return self._fail(ERR_UNKNOWN_OP)  # HMSG
-
-    # -- ops ---------------------------------------------------------------------
+    # -- ops, each with its argument buf[a:stop] ------------------------------------
 
     def _pub(self, a: int, stop: int) -> ev.Event | None:
         args = _PUB_ARGS.fullmatch(self._buf, a, stop)
@@ -445,7 +424,8 @@ class NATSClientCodec:
         self._want = (subject, reply, hdr, size)
         return None
 
-    def _sub(self, args: list[bytes]) -> ev.Event:
+    def _sub(self, a: int, stop: int) -> ev.Event:
+        args = _SUB_ARGS.findall(self._buf, a, stop)
         if len(args) == 2:
             queue = None
         elif len(args) == 3:
@@ -457,7 +437,8 @@ class NATSClientCodec:
             return ev.ProtocolError(ERR_INVALID_SUBJECT, False)
         return ev.Sub(subject, queue, _text(args[-1]))
 
-    def _unsub(self, args: list[bytes]) -> ev.Event:
+    def _unsub(self, a: int, stop: int) -> ev.Event:
+        args = _SUB_ARGS.findall(self._buf, a, stop)
         if len(args) == 1:
             return ev.Unsub(_text(args[0]), None)
         if len(args) == 2:
@@ -465,9 +446,9 @@ class NATSClientCodec:
             return ev.Unsub(_text(args[0]), None if size < 0 else size)
         return self._fail(None)  # processUnsub Parse Error
 
-    def _connect(self, arg: bytes) -> ev.Event:
+    def _connect(self, a: int, stop: int) -> ev.Event:
         try:
-            options = _parse_json(arg)
+            options = _parse_json(bytes(self._buf[a:stop]))
         except ValueError:
             return self._fail(None)
         if options is None:
@@ -479,3 +460,29 @@ class NATSClientCodec:
             self.headers = headers
         self.require_connect = False
         return ev.Connect(options)
+
+    def _info(self, a: int, stop: int) -> ev.Event | None:
+        try:
+            _parse_json(bytes(self._buf[a:stop]))
+        except ValueError:
+            return self._fail(None)
+        return None  # nats-server ignores a client's INFO
+
+    def _err(self, a: int, stop: int) -> ev.Event:
+        return self._fail(None)  # "Client Error ...", closed without a reply
+
+    def _hmsg(self, a: int, stop: int) -> ev.Event:
+        return self._fail(ERR_UNKNOWN_OP)
+
+
+# What each op with an argument does with it, by kind.
+_OP_ARGUMENTS: Final[tuple[Callable[[NATSClientCodec, int, int], ev.Event | None], ...]] = (
+    NATSClientCodec._pub,
+    NATSClientCodec._hpub,
+    NATSClientCodec._sub,
+    NATSClientCodec._unsub,
+    NATSClientCodec._connect,
+    NATSClientCodec._info,
+    NATSClientCodec._err,
+    NATSClientCodec._hmsg,
+)

@@ -393,7 +393,7 @@ class NATSClientSession(QueuedWriter):
         broker = self.server.broker
         # a request nobody can serve gets a 503: no queue keeps its subject (as it was
         # before this publish) and no subscription matches it
-        unserved = reply if self.no_responders and not _kept(broker, subject) else None
+        unserved = reply if reply and self.no_responders and not _kept(broker, subject) else None
         try:
             broker.publish(
                 subject,
@@ -473,11 +473,12 @@ class NATSClientSession(QueuedWriter):
             else:
                 self._wake.set()
         out.append(frame)
-        self._pending += len(frame)
+        size = len(frame)
+        pending = self._pending = self._pending + size
         buffered = self._buffered
-        buffered.total += len(frame)
-        if self._pending > self.server.max_pending or (
-            buffered.total > buffered.limit and self._pending > buffered.share
+        buffered.total += size
+        if pending > self.server.max_pending or (
+            buffered.total > buffered.limit and pending > buffered.share
         ):
             # nats-server's slow consumer: the client cannot keep up, so it is cut off
             # (said and counted once; it may be offered more before its task ends)
