@@ -112,15 +112,15 @@ class SubjectIndex:
     add() and remove() never mutate a list already returned, they drop cache entries.
     """
 
-    __slots__ = ("_cache", "_count", "_root")
+    __slots__ = ("_cache", "_root", "count")
 
     def __init__(self) -> None:
         self._root = _Level()
         self._cache: dict[str, list[object]] = {}
-        self._count = 0
+        self.count = 0  # items under all patterns (read it, don't set it)
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def add(self, pattern: str, item: object) -> None:
         if not is_valid_subscription(pattern):
@@ -148,7 +148,7 @@ class SubjectIndex:
         key = id(item)
         if key not in node.items:
             node.items[key] = item
-            self._count += 1
+            self.count += 1
             self._invalidate(pattern, tokens)
 
     def remove(self, pattern: str, item: object) -> bool:
@@ -172,7 +172,7 @@ class SubjectIndex:
             level = node.next
         if node is None or node.items.pop(id(item), None) is None:
             return False
-        self._count -= 1
+        self.count -= 1
         # prune nodes left with no items and no children, leaf first
         for parent, token, child in reversed(path):
             if child.items or (child.next is not None and not child.next.empty()):

@@ -95,7 +95,8 @@ class Taps:
         self.deferred: list[DeferredTap] = []
 
     def __bool__(self) -> bool:
-        return bool(self._index)
+        # asked on every publish: one frame, not two (bool() of the index calls its __len__)
+        return self._index.count != 0
 
     def add(self, pattern: str, tap: Tap, queue: str | None = None) -> None:
         remote = getattr(tap, "remote", False)

@@ -28,8 +28,11 @@ from gateway.protocols.nats.client_codec import (
     connect_option,
     err,
     hmsg,
+    hmsg_frame,
     info,
     msg,
+    msg_frame,
+    msg_names,
 )
 
 UPO = ev.ProtocolError(b"-ERR 'Unknown Protocol Operation'\r\n", True)
@@ -83,6 +86,10 @@ TRANSCRIPTS: list[tuple[bytes, list[ev.Event]]] = [
     (b"PING foo bar\r\n", [ev.Ping()]),
     (b"PINGX\r\n", [ev.Ping()]),
     (b"PINGPING\r\n", [ev.Ping()]),
+    # a PING line's rest is skipped however the line is cut (PING|PING\r\n was two PINGs
+    # once, and the SUB after them was lost)
+    (b"PINGPING\r\nSUB foo 1\r\n", [ev.Ping(), ev.Sub("foo", None, "1")]),
+    (b"PING PUB foo 1\r\nx\r\n", [ev.Ping(), UPO]),
     (b"PING " + b"x" * 10000 + b"\r\n", [ev.Ping()]),
     (b"PIN\r\n", [UPO]),
     (b"PONG\r\n", [ev.Pong()]),
@@ -92,6 +99,7 @@ TRANSCRIPTS: list[tuple[bytes, list[ev.Event]]] = [
     (b"PUB\tfoo \t 2\r\nhi\r\nPING\r\n", [ev.Pub("foo", None, b"hi"), ev.Ping()]),
     (b"PUB foo 2\nhi\r\nPING\r\n", [ev.Pub("foo", None, b"hi"), ev.Ping()]),
     (b"PUB foo  bar\t2\r\nhi\r\n", [ev.Pub("foo", "bar", b"hi")]),
+    (b"PUB foo  2\r\nhi\r\n", [ev.Pub("foo", None, b"hi")]),  # nats-py: no reply, 2 spaces
     (b"PUB foo 2   \r\nhi\r\n", [ev.Pub("foo", None, b"hi")]),
     (b"PUB foo 2 \nhi\r\n", [ev.Pub("foo", None, b"hi")]),
     (b"PUB foo 02\r\nhi\r\n", [ev.Pub("foo", None, b"hi")]),
@@ -114,6 +122,8 @@ TRANSCRIPTS: list[tuple[bytes, list[ev.Event]]] = [
     (b"PUB foo 1048577\r\n", [MAX_PAYLOAD]),
     (b"PUB foo 1048576\r\n", []),  # allowed: waits for the payload
     (b"PUBfoo 1\r\nx\r\n", [UPO]),
+    (b"PUX foo 1\r\n", [UPO]),
+    (b"pubs foo 1\r\n", [UPO]),
     (b"PUB\r\n", [UPO]),
     (b"PUB \r\n", [SILENT]),
     (b"PUB \t \r\n", [SILENT]),
@@ -125,6 +135,10 @@ TRANSCRIPTS: list[tuple[bytes, list[ev.Event]]] = [
     (
         b"hpub foo bar 12 14\r\nNATS/1.0\r\n\r\nhi\r\n",
         [ev.HPub("foo", "bar", b"NATS/1.0\r\n\r\n", b"hi")],
+    ),
+    (
+        b"HPUB foo  12 14\r\nNATS/1.0\r\n\r\nhi\r\n",  # nats-py, no reply
+        [ev.HPub("foo", None, b"NATS/1.0\r\n\r\n", b"hi")],
     ),
     (b"HPUB foo 0 2\r\nhi\r\n", [ev.HPub("foo", None, b"", b"hi")]),
     (b"HPUB foo 2 4\r\nabcd\r\n", [ev.HPub("foo", None, b"ab", b"cd")]),
@@ -396,6 +410,13 @@ def test_frames() -> None:
         b"HMSG _INBOX.x 9 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"
     )
     assert hmsg("foo", "1", "r", b"ab", b"cd") == b"HMSG foo 1 r 2 4\r\nabcd\r\n"
+    # the same frames from a subscription's `<subject> <sid>`, made once
+    names = msg_names("foo.a", "1")
+    assert names == b"foo.a 1"
+    assert msg_frame(names, None, b"hello") == msg("foo.a", "1", None, b"hello")
+    assert msg_frame(names, "bar", b"hi") == b"MSG foo.a 1 bar 2\r\nhi\r\n"
+    assert hmsg_frame(names, "r", b"ab", b"cd") == b"HMSG foo.a 1 r 2 4\r\nabcd\r\n"
+    assert hmsg_frame(names, None, b"ab", b"") == b"HMSG foo.a 1 2 2\r\nab\r\n"
 
 
 def test_info_frame() -> None:
@@ -487,9 +508,11 @@ def _per_op(data: bytes, n: int) -> float:
 def test_speed() -> None:
     n = 20000
     pub = _per_op(b"PUB foo 16\r\n0123456789abcdef\r\n" * n, n)
+    pub_natspy = _per_op(b"PUB foo  16\r\n0123456789abcdef\r\n" * n, n)
     pub_reply = _per_op(b"PUB foo.bar _INBOX.abc.1 16\r\n0123456789abcdef\r\n" * n, n)
     hpub = _per_op(b"HPUB foo 12 28\r\nNATS/1.0\r\n\r\n0123456789abcdef\r\n" * n, n)
     # a few microseconds each (about 1 us here); generous bounds for slow CI machines
     assert pub < 10e-6, pub
+    assert pub_natspy < 10e-6, pub_natspy
     assert pub_reply < 10e-6, pub_reply
     assert hpub < 10e-6, hpub

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.protocols.nats import client_events as ev
@@ -109,17 +110,31 @@ def _b(value: str | bytes) -> bytes:
     return value.encode("utf-8", "surrogateescape") if value.__class__ is str else value  # type: ignore[return-value]
 
 
-def msg(subject: str | bytes, sid: str | bytes, reply: str | bytes | None, payload: bytes) -> bytes:
-    """`MSG <subject> <sid> [reply] <size>\\r\\n<payload>\\r\\n`."""
+def msg_names(subject: str | bytes, sid: str | bytes) -> bytes:
+    """`<subject> <sid>`: what every MSG or HMSG of one subscription for one subject
+    starts with after the op (a subscription keeps it while the subject stays the same)."""
+    return b"%s %s" % (_b(subject), _b(sid))
+
+
+def msg_frame(names: bytes, reply: str | bytes | None, payload: bytes) -> bytes:
+    """`MSG <names> [reply] <size>\r\n<payload>\r\n`, `names` from msg_names()."""
     if reply:
-        return b"MSG %s %s %s %d\r\n%s\r\n" % (
-            _b(subject),
-            _b(sid),
-            _b(reply),
-            len(payload),
-            payload,
-        )
-    return b"MSG %s %s %d\r\n%s\r\n" % (_b(subject), _b(sid), len(payload), payload)
+        return b"MSG %s %s %d\r\n%s\r\n" % (names, _b(reply), len(payload), payload)
+    return b"MSG %s %d\r\n%s\r\n" % (names, len(payload), payload)
+
+
+def hmsg_frame(names: bytes, reply: str | bytes | None, headers: bytes, payload: bytes) -> bytes:
+    """`HMSG <names> [reply] <hdr_len> <total_len>\r\n<headers><payload>\r\n`."""
+    hdr = len(headers)
+    total = hdr + len(payload)
+    if reply:
+        return b"HMSG %s %s %d %d\r\n%s%s\r\n" % (names, _b(reply), hdr, total, headers, payload)
+    return b"HMSG %s %d %d\r\n%s%s\r\n" % (names, hdr, total, headers, payload)
+
+
+def msg(subject: str | bytes, sid: str | bytes, reply: str | bytes | None, payload: bytes) -> bytes:
+    """`MSG <subject> <sid> [reply] <size>\r\n<payload>\r\n`."""
+    return msg_frame(msg_names(subject, sid), reply, payload)
 
 
 def hmsg(
@@ -129,20 +144,8 @@ def hmsg(
     headers: bytes,
     payload: bytes,
 ) -> bytes:
-    """`HMSG <subject> <sid> [reply] <hdr_len> <total_len>\\r\\n<headers><payload>\\r\\n`."""
-    hdr = len(headers)
-    total = hdr + len(payload)
-    if reply:
-        return b"HMSG %s %s %s %d %d\r\n%s%s\r\n" % (
-            _b(subject),
-            _b(sid),
-            _b(reply),
-            hdr,
-            total,
-            headers,
-            payload,
-        )
-    return b"HMSG %s %s %d %d\r\n%s%s\r\n" % (_b(subject), _b(sid), hdr, total, headers, payload)
+    """`HMSG <subject> <sid> [reply] <hdr_len> <total_len>\r\n<headers><payload>\r\n`."""
+    return hmsg_frame(msg_names(subject, sid), reply, headers, payload)
 
 
 # -- CONNECT options ------------------------------------------------------------------------
@@ -227,36 +230,39 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-# Op kinds.
+# Op kinds, in the order of their groups in _OP.
 _PUB, _HPUB, _SUB, _UNSUB, _CONNECT, _INFO, _ERR, _HMSG, _PING, _PONG, _OK = range(11)
 
-# By first byte (lower-cased): (name, kind, needs a space or tab after it). HMSG passes
-# the op check in nats-server and fails later; MSG, route and leaf ops fail at once.
-_OPS: Final[dict[int, tuple[tuple[bytes, int, bool], ...]]] = {
-    ord("p"): ((b"pub", _PUB, True), (b"ping", _PING, False), (b"pong", _PONG, False)),
-    ord("h"): ((b"hpub", _HPUB, True), (b"hmsg", _HMSG, True)),
-    ord("s"): ((b"sub", _SUB, True),),
-    ord("u"): ((b"unsub", _UNSUB, True),),
-    ord("c"): ((b"connect", _CONNECT, False),),
-    ord("i"): ((b"info", _INFO, False),),
-    ord("+"): ((b"+ok", _OK, False),),
-    ord("-"): ((b"-err", _ERR, True),),
-}
-_LOWER: Final = bytes(range(256)).lower()
-_INCOMPLETE: Final = -1
-_BAD: Final = -2
+# One match finds the op at the start of a line (case-insensitive, with the one space or
+# tab it needs after its name) and skips the spaces and tabs after it: the group that
+# matched is the kind (lastindex - 1), the match's end the first argument byte. HMSG
+# passes the op check in nats-server and fails later; MSG, route and leaf ops fail at
+# once. PING, PONG and +OK take no argument (whatever follows up to the \n is skipped).
+_OP = re.compile(
+    rb"(?i)(?:(pub)[ \t]|(hpub)[ \t]|(sub)[ \t]|(unsub)[ \t]|(connect)|(info)|(-err)[ \t]"
+    rb"|(hmsg)[ \t]|(ping)|(pong)|(\+ok))[ \t]*"
+)
+# The same names, to tell an op cut short by the end of a read (wait for more) from a
+# wrong one (close) when _OP does not match. The longest is 7 bytes.
+_OP_NAMES: Final = (
+    b"pub ", b"hpub ", b"sub ", b"unsub ", b"connect", b"info", b"-err ", b"hmsg ",
+    b"ping", b"pong", b"+ok",
+)  # fmt: skip
 
-_WS = re.compile(rb"[ \t]*")
-# PUB/HPUB arguments split on spaces and tabs only (processPub); SUB/UNSUB use
-# splitArg, which also splits on \r and \n.
-_PUB_ARGS = re.compile(rb"[^ \t]+")
+# The arguments of PUB and HPUB split on runs of spaces and tabs only (processPub); SUB
+# and UNSUB use splitArg, which also splits on \r and \n. Matched from the first argument
+# byte to the line end: PUB takes 2 or 3 arguments, HPUB 3 or 4, the sizes 1-9 ASCII
+# digits (util.go parseSize); anything else closes silently, as every one of those
+# parse errors does in nats-server.
+_PUB_ARGS = re.compile(rb"([^ \t]+)[ \t]+(?:([^ \t]+)[ \t]+)?(\d{1,9})[ \t]*")
+_HPUB_ARGS = re.compile(rb"([^ \t]+)[ \t]+(?:([^ \t]+)[ \t]+)?(\d{1,9})[ \t]+(\d{1,9})[ \t]*")
 _SUB_ARGS = re.compile(rb"[^ \t\r\n]+")
 
-# The usual PUB/HPUB line, whole: upper case, single spaces, CRLF, sizes of 1-9 digits.
-# Whatever this matches parses exactly the same in the general path; anything else
-# (including a short buffer) takes the general path.
-_FAST_PUB = re.compile(rb"PUB ([^ \t\r\n]+) (?:([^ \t\r\n]+) )?(\d{1,9})\r\n")
-_FAST_HPUB = re.compile(rb"HPUB ([^ \t\r\n]+) (?:([^ \t\r\n]+) )?(\d{1,9}) (\d{1,9})\r\n")
+
+def _op_cut_short(buf: bytearray, pos: int) -> bool:
+    """Whether the bytes from pos to the end of buf are the start of an op name."""
+    rest = bytes(buf[pos : pos + 8]).lower()
+    return any(name.startswith(rest) for name in _OP_NAMES)
 
 
 class NATSClientCodec:
@@ -312,64 +318,13 @@ class NATSClientCodec:
         return ev.ProtocolError(reply, True)
 
     def next_event(self) -> ev.Event | None:
+        """The next operation, or None until more bytes arrive. One op per loop, every op
+        the same way (a PUB costs one match for its op, one for its arguments, two finds
+        for its line end); +OK and INFO yield no event."""
         if self._closed:
             return None
         if self._want is not None:
-            return self._payload()
-        buf = self._buf
-        pos = self._pos
-        if pos >= len(buf):
-            return None
-        if not self.require_connect:
-            first = buf[pos]
-            if first == 80:  # P
-                m = _FAST_PUB.match(buf, pos)
-                if m is not None:
-                    start = m.end()
-                    subject, reply, size_b = m.groups()
-                    size = int(size_b)
-                    end = start + size
-                    if (
-                        size <= self.max_payload
-                        and start - pos - 6 <= self.max_control_line
-                        and buf.startswith(b"\r\n", end)
-                    ):
-                        self._pos = end + 2
-                        return ev.Pub(
-                            subject.decode("utf-8", "surrogateescape"),
-                            None if reply is None else reply.decode("utf-8", "surrogateescape"),
-                            bytes(buf[start:end]),
-                        )
-                elif buf.startswith(b"PING\r\n", pos):
-                    self._pos = pos + 6
-                    return ev.Ping()
-                elif buf.startswith(b"PONG\r\n", pos):
-                    self._pos = pos + 6
-                    return ev.Pong()
-            elif first == 72 and self.headers:  # H
-                m = _FAST_HPUB.match(buf, pos)
-                if m is not None:
-                    start = m.end()
-                    subject, reply, hdr_b, size_b = m.groups()
-                    hdr = int(hdr_b)
-                    size = int(size_b)
-                    end = start + size
-                    if (
-                        hdr <= size <= self.max_payload
-                        and start - pos - 7 <= self.max_control_line
-                        and buf.startswith(b"\r\n", end)
-                    ):
-                        self._pos = end + 2
-                        return ev.HPub(
-                            subject.decode("utf-8", "surrogateescape"),
-                            None if reply is None else reply.decode("utf-8", "surrogateescape"),
-                            bytes(buf[start : start + hdr]),
-                            bytes(buf[start + hdr : end]),
-                        )
-        return self._general()
-
-    def _general(self) -> ev.Event | None:
-        """Everything the fast paths leave: one op per loop; +OK and INFO yield no event."""
+            return self._payload(*self._want)
         buf = self._buf
         while True:
             pos = self._pos
@@ -388,22 +343,23 @@ class NATSClientCodec:
                 if kind == _PONG:
                     return ev.Pong()
                 continue  # +OK
-            first = buf[pos]
-            if self.require_connect and first != 67 and first != 99:  # C, c
+            if self.require_connect and buf[pos] != 67 and buf[pos] != 99:  # C, c
                 return self._fail(ERR_AUTH_VIOLATION)
-            kind, after = self._op(buf, pos, end)
-            if kind == _INCOMPLETE:
-                return None
-            if kind == _BAD:
+            op = _OP.match(buf, pos)
+            if op is None:
+                if _op_cut_short(buf, pos):
+                    return None
                 return self._fail(ERR_UNKNOWN_OP)
+            kind = op.lastindex - 1  # type: ignore[operator]
+            a = op.end()
             if kind >= _PING:
                 self._skip = kind
-                self._pos = after
+                self._pos = a
                 continue
-            a = _WS.match(buf, after).end()
             if a >= end:
-                # Only spaces and tabs so far: they are skipped anyway, so don't keep them.
-                del buf[after:]
+                # Only spaces and tabs so far: they are skipped anyway, so don't keep
+                # more than the op and the one it needs.
+                del buf[op.end(kind + 1) + 1 :]
                 return None
             nl = buf.find(b"\n", a + 1)
             if nl < 0:
@@ -415,119 +371,61 @@ class NATSClientCodec:
                     return self._fail(ERR_MAX_CONTROL_LINE)
                 return None
             stop = nl - 1 if buf.find(b"\r", a + 1, nl) >= 0 else nl
-            arg = bytes(buf[a:stop])
             self._pos = nl + 1
-            if len(arg) > self.max_control_line:
+            if stop - a > self.max_control_line:
                 return self._fail(ERR_MAX_CONTROL_LINE)
-            event = self._dispatch(kind, arg)
+            event = _OP_ARGUMENTS[kind](self, a, stop)
             if event is not None or self._want is not None:
                 return event  # None: a PUB/HPUB waiting for its payload
 
-    @staticmethod
-    def _op(buf: bytearray, pos: int, end: int) -> tuple[int, int]:
-        """(kind, index after the op name and its one required separator)."""
-        candidates = _OPS.get(_LOWER[buf[pos]])
-        if candidates is None:
-            return _BAD, 0
-        for name, kind, sep in candidates:
-            n = len(name)
-            got = bytes(buf[pos : pos + n]).lower()
-            if got != name[: len(got)]:
-                continue
-            if len(got) < n:
-                return _INCOMPLETE, 0  # a prefix of this op (and maybe of others)
-            if not sep:
-                return kind, pos + n
-            if pos + n >= end:
-                return _INCOMPLETE, 0
-            if buf[pos + n] not in b" \t":
-                return _BAD, 0
-            return kind, pos + n + 1
-        return _BAD, 0
+    # -- ops, each with its argument buf[a:stop] ------------------------------------
 
-    def _dispatch(self, kind: int, arg: bytes) -> ev.Event | None:
-        if kind == _PUB:
-            return self._pub(arg)
-        if kind == _HPUB:
-            return self._hpub(arg)
-        if kind == _SUB:
-            return self._sub(arg)
-        if kind == _UNSUB:
-            return self._unsub(arg)
-        if kind == _CONNECT:
-            return self._connect(arg)
-        if kind == _INFO:
-            try:
-                _parse_json(arg)
-            except ValueError:
-                return self._fail(None)
-            return None  # nats-server ignores a client's INFO
-        if kind == _ERR:
-            return self._fail(None)  # "Client Error ...", closed without a reply
-        return self._fail(ERR_UNKNOWN_OP)  # HMSG
-
-    # -- ops ---------------------------------------------------------------------
-
-    def _pub(self, arg: bytes) -> ev.Event | None:
-        args = _PUB_ARGS.findall(arg)
-        if len(args) == 2:
-            subject, reply = args[0], None
-        elif len(args) == 3:
-            subject, reply = args[0], args[1]
-        else:
-            return self._fail(None)  # processPub Parse Error
-        size = _parse_size(args[-1])
-        if size < 0:
-            return self._fail(None)  # processPub Bad or Missing Size
+    def _pub(self, a: int, stop: int) -> ev.Event | None:
+        args = _PUB_ARGS.fullmatch(self._buf, a, stop)
+        if args is None:
+            return self._fail(None)  # processPub Parse Error, Bad or Missing Size
+        size = int(args[3])
         if size > self.max_payload:
             return self._fail(ERR_MAX_PAYLOAD)
-        self._want = (_text(subject), None if reply is None else _text(reply), -1, size)
-        return self._payload()
+        reply = args[2]
+        return self._payload(_text(args[1]), None if reply is None else _text(reply), -1, size)
 
-    def _hpub(self, arg: bytes) -> ev.Event | None:
+    def _hpub(self, a: int, stop: int) -> ev.Event | None:
         if not self.headers:
             return self._fail(None)  # ErrMsgHeadersNotSupported, checked before the args
-        args = _PUB_ARGS.findall(arg)
-        if len(args) == 3:
-            subject, reply = args[0], None
-        elif len(args) == 4:
-            subject, reply = args[0], args[1]
-        else:
-            return self._fail(None)  # processHeaderPub Parse Error
-        hdr = _parse_size(args[-2])
-        size = _parse_size(args[-1])
-        if hdr < 0 or size < 0 or hdr > size:
-            return self._fail(None)  # Bad or Missing Header/Total Size, Header Size larger
+        args = _HPUB_ARGS.fullmatch(self._buf, a, stop)
+        if args is None:
+            return self._fail(None)  # processHeaderPub Parse Error, Bad or Missing Size
+        hdr = int(args[3])
+        size = int(args[4])
+        if hdr > size:
+            return self._fail(None)  # Header Size larger than TotalSize
         if size > self.max_payload:
             return self._fail(ERR_MAX_PAYLOAD)
-        self._want = (_text(subject), None if reply is None else _text(reply), hdr, size)
-        return self._payload()
+        reply = args[2]
+        return self._payload(_text(args[1]), None if reply is None else _text(reply), hdr, size)
 
-    def _payload(self) -> ev.Event | None:
-        assert self._want is not None
-        subject, reply, hdr, size = self._want
+    def _payload(self, subject: str, reply: str | None, hdr: int, size: int) -> ev.Event | None:
+        """The payload after a PUB/HPUB line: its event when it is all there, else
+        None (and `_want` says what is awaited)."""
         buf = self._buf
         start = self._pos
         end = start + size
         have = len(buf)
-        if have <= end:
-            return None
-        if buf[end] != 13:
-            return self._fail(ERR_UNKNOWN_OP)
-        if have == end + 1:
-            return None
-        if buf[end + 1] != 10:
-            return self._fail(ERR_UNKNOWN_OP)
-        self._want = None
-        self._pos = end + 2
-        with memoryview(buf) as view:
+        if have > end + 1 and buf[end] == 13 and buf[end + 1] == 10:
+            self._want = None
+            self._pos = end + 2
             if hdr < 0:
-                return ev.Pub(subject, reply, view[start:end].tobytes())
+                return ev.Pub(subject, reply, bytes(buf[start:end]))
             split = start + hdr
-            return ev.HPub(subject, reply, view[start:split].tobytes(), view[split:end].tobytes())
+            return ev.HPub(subject, reply, bytes(buf[start:split]), bytes(buf[split:end]))
+        if (have > end and buf[end] != 13) or (have > end + 1 and buf[end + 1] != 10):
+            return self._fail(ERR_UNKNOWN_OP)  # as soon as the wrong byte arrives
+        self._want = (subject, reply, hdr, size)
+        return None
 
-    def _sub(self, arg: bytes) -> ev.Event:
-        args = _SUB_ARGS.findall(arg)
+    def _sub(self, a: int, stop: int) -> ev.Event:
+        args = _SUB_ARGS.findall(self._buf, a, stop)
         if len(args) == 2:
             queue = None
         elif len(args) == 3:
@@ -539,8 +437,8 @@ class NATSClientCodec:
             return ev.ProtocolError(ERR_INVALID_SUBJECT, False)
         return ev.Sub(subject, queue, _text(args[-1]))
 
-    def _unsub(self, arg: bytes) -> ev.Event:
-        args = _SUB_ARGS.findall(arg)
+    def _unsub(self, a: int, stop: int) -> ev.Event:
+        args = _SUB_ARGS.findall(self._buf, a, stop)
         if len(args) == 1:
             return ev.Unsub(_text(args[0]), None)
         if len(args) == 2:
@@ -548,9 +446,9 @@ class NATSClientCodec:
             return ev.Unsub(_text(args[0]), None if size < 0 else size)
         return self._fail(None)  # processUnsub Parse Error
 
-    def _connect(self, arg: bytes) -> ev.Event:
+    def _connect(self, a: int, stop: int) -> ev.Event:
         try:
-            options = _parse_json(arg)
+            options = _parse_json(bytes(self._buf[a:stop]))
         except ValueError:
             return self._fail(None)
         if options is None:
@@ -562,3 +460,29 @@ class NATSClientCodec:
             self.headers = headers
         self.require_connect = False
         return ev.Connect(options)
+
+    def _info(self, a: int, stop: int) -> ev.Event | None:
+        try:
+            _parse_json(bytes(self._buf[a:stop]))
+        except ValueError:
+            return self._fail(None)
+        return None  # nats-server ignores a client's INFO
+
+    def _err(self, a: int, stop: int) -> ev.Event:
+        return self._fail(None)  # "Client Error ...", closed without a reply
+
+    def _hmsg(self, a: int, stop: int) -> ev.Event:
+        return self._fail(ERR_UNKNOWN_OP)
+
+
+# What each op with an argument does with it, by kind.
+_OP_ARGUMENTS: Final[tuple[Callable[[NATSClientCodec, int, int], ev.Event | None], ...]] = (
+    NATSClientCodec._pub,
+    NATSClientCodec._hpub,
+    NATSClientCodec._sub,
+    NATSClientCodec._unsub,
+    NATSClientCodec._connect,
+    NATSClientCodec._info,
+    NATSClientCodec._err,
+    NATSClientCodec._hmsg,
+)

@@ -14,7 +14,7 @@ import logging
 
 import trio
 
-from gateway.broker import query
+from gateway.broker import Broker, query
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
@@ -55,10 +55,26 @@ def encode_headers(pairs: list[tuple[str, str]]) -> bytes:
     return _HEADER_LINE + b"".join(f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
 
 
+def _kept(broker: Broker, subject: str) -> bool:
+    """Whether a queue keeps what is published to `subject` (its topic has groups)."""
+    topic = query.topic(broker, subject)
+    return topic is not None and query.has_groups(topic)
+
+
 class Subscription:
     """A client's SUB: the broker calls `tap` for every message on a matching subject."""
 
-    __slots__ = ("delivered", "filtered", "max_msgs", "queue", "session", "sid", "subject")
+    __slots__ = (
+        "_names",
+        "_topic",
+        "delivered",
+        "filtered",
+        "max_msgs",
+        "queue",
+        "session",
+        "sid",
+        "subject",
+    )
 
     def __init__(self, session: NATSClientSession, subject: str, queue: str | None, sid: str):
         self.session = session
@@ -70,6 +86,10 @@ class Subscription:
         # a wildcard that overlaps the user's subscribe deny list: each message is checked
         perms = session.perms
         self.filtered = perms is not None and perms.filters_delivery(subject)
+        # the topic of the last message and its frames' `<subject> <sid>`: a subscription
+        # usually sees one subject, so that is encoded once, not once per message
+        self._topic: str | None = None
+        self._names = b""
 
     def tap(self, message: Message, publisher: object | None) -> None:
         session = self.session
@@ -78,7 +98,11 @@ class Subscription:
         if self.filtered and not session.perms.can_receive(message.topic):  # type: ignore[union-attr]
             return
         self.delivered += 1
-        session.send_message(self, message)
+        topic = message.topic
+        if topic != self._topic:
+            self._topic = topic
+            self._names = cc.msg_names(topic, self.sid)
+        session.send_message(self._names, message)
         if self.max_msgs is not None and self.delivered >= self.max_msgs:
             session.drop(self)
 
@@ -111,7 +135,6 @@ class NATSClientSession(QueuedWriter):
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
         self._origin = f"nats {remote}"
-        self._dirty = False  # queued in server.dirty
         self._pings_out = 0
         self._heard = False  # anything read since the last ping tick
         self._metrics = server.metrics
@@ -146,8 +169,6 @@ class NATSClientSession(QueuedWriter):
             self._buffered.total -= self._pending  # what it never got is freed with it
             self._pending = 0
             server.sessions.discard(self)
-            if self._dirty:
-                server.dirty.remove(self)
             for sub in list(self.subs.values()):
                 self.drop(sub)
             m.connections.labels("nats").dec()
@@ -248,18 +269,22 @@ class NATSClientSession(QueuedWriter):
             bytes_in.inc(len(data))
             self.codec.receive_data(data)
             while True:
-                outcome = self._process()
+                # Deliveries made while a client's batch is applied are written at its
+                # end, one write per session (see send_message).
+                server = self.server
+                server.in_batch = True
+                try:
+                    outcome = self._process()
+                finally:
+                    server.in_batch = False
+                    dirty = server.dirty
+                    for session in dirty:
+                        if session is not self:  # (its own output is flushed below)
+                            session.write_now()
+                    dirty.clear()
                 if outcome is _CLOSE:
                     await self._flush()
                     return
-                dirty = self.server.dirty
-                if dirty:
-                    for session in dirty:
-                        if session is not self:
-                            session.write_now()
-                        else:
-                            self._dirty = False
-                    dirty.clear()
                 if not self._sending:
                     await self._flush()
                 else:
@@ -366,7 +391,9 @@ class NATSClientSession(QueuedWriter):
             self._error(violation("Publish", subject))
             return False
         broker = self.server.broker
-        topic = query.topic(broker, subject)
+        # a request nobody can serve gets a 503: no queue keeps its subject (as it was
+        # before this publish) and no subscription matches it
+        unserved = reply if reply and self.no_responders and not _kept(broker, subject) else None
         try:
             broker.publish(
                 subject,
@@ -383,10 +410,8 @@ class NATSClientSession(QueuedWriter):
             # connection stays up (NATS publishes are at most once)
             self._error("Store Unavailable")
             return True
-        if reply and self.no_responders:
-            kept = topic is not None and query.has_groups(topic)
-            if not kept and not broker.taps.interested(subject):
-                self._answer_no_responders(reply)
+        if unserved and not broker.taps.interested(subject):
+            self._answer_no_responders(unserved)
         return True
 
     def _answer_no_responders(self, reply: str) -> None:
@@ -428,20 +453,32 @@ class NATSClientSession(QueuedWriter):
 
     # -- delivery (called by the broker, synchronously) ---------------------------------
 
-    def send_message(self, sub: Subscription, message: Message) -> None:
+    def send_message(self, names: bytes, message: Message) -> None:
+        """Queue `message` as MSG (HMSG) for the subscription whose frames start with
+        `names` (client_codec.msg_names). The queue is written by whoever comes first: at
+        the end of the client batch that published it (write_now), or by the writer task,
+        woken once when the queue stops being empty, not once per message."""
         block = message.header_block
         if block is None and message.headers:
             block = encode_headers(message.headers)
         if block is not None and self.headers:
-            frame = cc.hmsg(message.topic, sub.sid, message.reply_to, block, message.body)
+            frame = cc.hmsg_frame(names, message.reply_to, block, message.body)
         else:
-            frame = cc.msg(message.topic, sub.sid, message.reply_to, message.body)
-        self._out.append(frame)
-        self._pending += len(frame)
+            frame = cc.msg_frame(names, message.reply_to, message.body)
+        out = self._out
+        if not out:
+            server = self.server
+            if server.in_batch:
+                server.dirty.append(self)
+            else:
+                self._wake.set()
+        out.append(frame)
+        size = len(frame)
+        pending = self._pending = self._pending + size
         buffered = self._buffered
-        buffered.total += len(frame)
-        if self._pending > self.server.max_pending or (
-            buffered.total > buffered.limit and self._pending > buffered.share
+        buffered.total += size
+        if pending > self.server.max_pending or (
+            buffered.total > buffered.limit and pending > buffered.share
         ):
             # nats-server's slow consumer: the client cannot keep up, so it is cut off
             # (said and counted once; it may be offered more before its task ends)
@@ -449,15 +486,12 @@ class NATSClientSession(QueuedWriter):
                 log.info("nats client %s is a slow consumer: closing", self.remote)
                 self._metrics.protocol_error("nats", "SLOW_CONSUMER")
             self._cancel.cancel()
-            return
-        if not self._dirty:
-            self._dirty = True
-            self.server.dirty.append(self)
-        self._wake.set()
 
     def write_now(self) -> None:
         """Write what is queued, without waiting for the writer task: called at the end of
         a NATS client's batch for every session it delivered to, so a request reaches its
         responder (and the reply its requester) in the publisher's turn, one write each."""
-        self._dirty = False
-        self._write_queued()
+        if self._fd is None:
+            self._wake.set()  # TLS: only the writer task writes
+        else:
+            self._write_queued()

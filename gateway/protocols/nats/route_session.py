@@ -392,12 +392,15 @@ class RouteSession(QueuedWriter):
         self.send(frame)
 
     def send(self, frame: bytes) -> None:
-        self._out.append(frame)
+        """Queue a frame. The writer task is woken when the queue stops being empty, not
+        once per frame: while it is not empty, a wake-up or a flush is already coming."""
+        out = self._out
+        if not out:
+            self._wake.set()
+        out.append(frame)
         self._pending += len(frame)
         if self._pending > self.cluster.max_pending:
             # the server cannot keep up: nats-server closes such a route (write deadline)
             log.warning("route %r: %d bytes unsent, closing as a slow route", self, self._pending)
             self._metrics.protocol_error(PROTOCOL, "slow_route")
             self._cancel.cancel()
-            return
-        self._wake.set()

@@ -46,7 +46,9 @@ class NATSServer:
     server_id: str = field(default_factory=lambda: "N" + secrets.token_hex(27).upper()[:55])
     server_name: str = "gateway"
     sessions: set[NATSClientSession] = field(default_factory=set)
-    # sessions with output queued during the current client batch (see write_now)
+    # True while a client's batch of operations is applied (synchronously): a session
+    # that gets output then joins `dirty`, and the batch's end writes it (write_now)
+    in_batch: bool = False
     dirty: list[NATSClientSession] = field(default_factory=list)
     next_client_id: int = 0
 
