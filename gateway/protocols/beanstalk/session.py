@@ -154,7 +154,8 @@ class BeanstalkSession(TubeCommands):
                     await self._commit(start)
                     published = False
                 reply = await self._reserve(event)
-                start = len(self._out)  # what came before is committed (or refused)
+                out = self._out  # a reserve that waited has sent what came before
+                start = len(out)  # what came before is committed (or refused)
             elif cls is ev.Quit:
                 keep_open = False
                 break
