@@ -116,6 +116,7 @@ class NSQSession(QueuedWriter):
         self._read_deadline = math.inf
         self._timer_scope: trio.CancelScope | None = None
         self._metrics = server.metrics
+        self._origin = f"nsq {remote}"  # of every message it publishes
         self._cancel = trio.CancelScope()
         self._bytes_in = ByteCount(server.metrics.bytes_in.labels("nsq"))
         self._bytes_out = ByteCount(server.metrics.bytes_out.labels("nsq"))
@@ -296,7 +297,7 @@ class NSQSession(QueuedWriter):
                 topic,
                 bodies,
                 delay=delay,
-                origin=f"nsq {self.remote}",
+                origin=self._origin,
                 ephemeral=is_ephemeral(topic),
             )
         except StoreError as exc:
