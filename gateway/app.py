@@ -135,6 +135,7 @@ class Gateway:
             max_errors_in_a_row=s.limits.max_errors_in_a_row,
         )
         self.metrics.before_scrape.append(self.beanstalk.report_bytes)
+        self.metrics.before_scrape.append(self.nsq.report_bytes)
         n = s.nats_server
         self.nats = NATSServer(
             self.broker,

@@ -171,15 +171,26 @@ def try_write(fd: int, data: bytes | memoryview) -> int:
     how much is left for send_all.
     """
     try:
-        return os.write(fd, data)
+        sent = os.write(fd, data)
     except BlockingIOError:
         return 0
     except OSError as exc:
         raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+    _streaks[fd] = _ANSWERED
+    return sent
 
 
-# Reads in a row that found data waiting, per descriptor (see receive()).
+# Per descriptor: reads in a row that found data waiting, or _ANSWERED (see receive()).
 _streaks: dict[int, int] = {}
+# Something was written to the descriptor since its last read. A request/response client
+# sends nothing more until it has read its answer, so a read now would find nothing: the
+# next receive() parks at once instead of trying (one system call less per request; issue
+# 15 measured a no-work Trio server at 0.68x of beanstalkd with the read, 0.79x without).
+# Every session gets this from the one write path, and must: beside sessions that park at
+# once, one that tries the read first is served more often whenever the loop is busy
+# (tests/clients/flood.py's healthy clients: NATS, still trying first, got up to four times
+# the round trips of NSQ and beanstalkd, which parked; all parking, they go in turn again).
+_ANSWERED = -1
 # After this many, or after a read that filled half the buffer, the reading task yields
 # once. A request/response client rarely gets there (its requests are small, and its next
 # one is usually not there yet when the reply has gone, so the task parks); a client that
@@ -191,29 +202,32 @@ _STREAK_YIELD = 8
 async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
     """Like stream.receive_some(size), with less machinery on plain TCP.
 
-    A non-blocking read first; only when there is nothing to read does the task park
-    in the I/O manager. receive_some pays two scheduler checkpoints on top of that on
-    every call, a large share of a small request's cost here.
+    A non-blocking read first, unless the connection was answered since its last read
+    (_ANSWERED); only when there is nothing to read does the task park in the I/O
+    manager. receive_some pays two scheduler checkpoints on top of that on every call, a
+    large share of a small request's cost here.
     """
     if fd is None:
         return await stream.receive_some(size)
-    try:
-        data = os.read(fd, size)
-    except BlockingIOError:
-        pass
-    except OSError as exc:
-        raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
-    else:
-        streak = _streaks.get(fd, 0) + 1
-        if streak < _STREAK_YIELD and len(data) < size >> 1:
-            _streaks[fd] = streak
+    streak = _streaks.get(fd, 0)
+    if streak != _ANSWERED:
+        try:
+            data = os.read(fd, size)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
         else:
-            # without this a flooding client would never let the task yield, and every
-            # other connection (the subscribers it feeds included) would starve; shielded,
-            # so no data read is ever dropped
-            _streaks[fd] = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+            streak += 1
+            if streak < _STREAK_YIELD and len(data) < size >> 1:
+                _streaks[fd] = streak
+            else:
+                # without this a flooding client would never let the task yield, and
+                # every other connection (the subscribers it feeds included) would
+                # starve; shielded, so no data read is ever dropped
+                _streaks[fd] = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
     _streaks[fd] = 0
     while True:
         await trio.lowlevel.wait_readable(fd)
@@ -223,6 +237,34 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
             continue
         except OSError as exc:
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+
+
+# Byte counters go to Prometheus in steps of this (and at close, and before a scrape), not
+# per request: a labelled Counter.inc takes a lock, a real share of a 20 us round trip.
+_METRIC_STEP = 65536
+
+
+class ByteCount:
+    """One connection's bytes for a Prometheus counter, handed over in `_METRIC_STEP`s;
+    `report()` hands over the rest (the session calls it at close and before a scrape)."""
+
+    __slots__ = ("counter", "unreported")
+
+    def __init__(self, counter: Any) -> None:
+        self.counter = counter
+        self.unreported = 0
+
+    def inc(self, amount: int) -> None:
+        amount += self.unreported
+        if amount > _METRIC_STEP:
+            self.counter.inc(amount)
+            amount = 0
+        self.unreported = amount
+
+    def report(self) -> None:
+        if self.unreported:
+            self.counter.inc(self.unreported)
+            self.unreported = 0
 
 
 @dataclass
@@ -237,12 +279,36 @@ class Buffered:
     total: int = 0
 
 
+# The most one write joins: output queued faster than the client reads (RDY x a large
+# message size) is sent in pieces of about this much, not copied into one buffer at once.
+_WRITE_SIZE = 256 * 1024
+
+
 class QueuedWriter:
-    """The output half of a session whose frames come from anywhere (its own replies, the
-    broker's deliveries, other connections' publishes): they queue in `_out`, setting
-    `_wake` starts `_writer` (a task of the session), and `_flush` writes the whole queue
-    in one write, straight to the socket when it takes it. The session initialises the
-    attributes below and cancels `_cancel` to end the connection."""
+    """The one output path of every session. Frames queue in `_out`, from anywhere (the
+    session's own replies, the broker's deliveries, other connections' publishes), and
+    leave in as few writes as possible:
+
+    * the reading task answers what it read with `await _flush()` at the end of its
+      batch: one write of everything queued, straight to the socket on plain TCP (no
+      scheduler pass), `send_all` only for what the socket did not take, which blocks
+      the reader of a client that does not read (nothing more is read from it);
+    * frames queued outside the session's own task set `_wake`, and `_writer` (a task
+      of the session) writes whatever was queued during that scheduler pass in one go;
+    * `_write_queued` writes the queue from synchronous code (the end of another
+      connection's batch), the rest left to `_writer`.
+
+    One sender at a time (`_sending`, a flag: acquiring a trio.Lock is a checkpoint even
+    when nobody holds it); a sender loops until the queue is empty, so a flush that finds
+    one under way just returns. `_holding`: the reading task is applying a batch whose
+    replies may not leave yet (a publish is acknowledged after the store's flush), so
+    `_writer` leaves the queue to the end of that batch.
+
+    The session initialises the attributes without a default below and cancels
+    `_cancel` to end the connection. `_encode`, when set, transforms every byte sent (NSQ
+    snappy and deflate: a stream, so in order, by one sender at a time); a TLS stream
+    sets `_fd` to None, so that every byte goes through `stream`.
+    """
 
     stream: trio.abc.Stream
     _fd: int | None
@@ -254,15 +320,23 @@ class QueuedWriter:
     _sending: bool
     _wake: trio.Event
     _cancel: trio.CancelScope
-    _bytes_out: Any  # the prometheus counter of its protocol's bytes out
+    _bytes_out: Any  # the counter of its protocol's bytes out (prometheus, or a ByteCount)
+    _encode: Callable[[bytes], bytes] | None = None
+    _holding = False
+    _blocked = False  # a send is waiting for the socket now
+    _blocked_sends = 0  # sends that had to wait for the socket, and finished
+    _idle: trio.Event | None = None  # set when the sender under way is done (_settle)
 
     async def _writer(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            if self._holding:
+                continue  # the batch under way writes when it is done
             try:
                 await self._flush()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # the peer went away (reset, broken pipe): the session ends quietly
                 self._cancel.cancel()
                 return
 
@@ -272,38 +346,88 @@ class QueuedWriter:
         self._sending = True
         try:
             while self._out:
-                data = b"".join(self._out)
+                chunks = self._out
+                pending = self._pending
                 self._out = []
-                self._buffered.total -= self._pending
+                self._buffered.total -= pending
                 self._pending = 0
-                self._bytes_out.inc(len(data))
-                if self._fd is not None:
-                    sent = try_write(self._fd, data)
-                    if sent == len(data):
-                        continue
-                    data = data[sent:]
-                await self.stream.send_all(data)
+                if pending <= _WRITE_SIZE:
+                    rest = self._write_now(b"".join(chunks))
+                    if rest is not None:
+                        await self._send_all(rest)
+                    continue
+                # Bodies in the queue are shared with the broker's; joining them all
+                # would copy up to RDY x max-msg-size at once: bounded pieces instead.
+                start = size = 0
+                for i, chunk in enumerate(chunks):
+                    size += len(chunk)
+                    if size >= _WRITE_SIZE or i == len(chunks) - 1:
+                        rest = self._write_now(b"".join(chunks[start : i + 1]))
+                        if rest is not None:
+                            await self._send_all(rest)
+                        start, size = i + 1, 0
         finally:
             self._sending = False
+            idle = self._idle
+            if idle is not None:
+                self._idle = None
+                idle.set()
+
+    def _write_now(self, data: bytes) -> bytes | memoryview | None:
+        """Encode and count `data`, and write what the socket takes at once (plain TCP:
+        trio's send_all always yields to the scheduler, which on a request/response
+        protocol is most of a round trip). Returns what is left to send, or None."""
+        if self._encode is not None:
+            data = self._encode(data)
+        self._bytes_out.inc(len(data))
+        if self._fd is None:
+            return data
+        sent = try_write(self._fd, data)
+        if sent == len(data):
+            return None  # the common case: the socket buffer took it all
+        return memoryview(data)[sent:]
+
+    async def _send_all(self, data: bytes | memoryview) -> None:
+        self._blocked = True
+        try:
+            await self.stream.send_all(data)
+        finally:
+            self._blocked = False
+            self._blocked_sends += 1
+
+    async def _settle(self) -> None:
+        """Wait until no send is under way (the writer task's, blocked on a socket that
+        does not take more): then the caller may send, or swap the stream, alone."""
+        while self._sending:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+    async def _flush_all(self) -> None:
+        """Everything queued so far is written when this returns (or the send failed)."""
+        await self._settle()
+        await self._flush()
 
     def _write_queued(self) -> None:
         """One non-blocking write of the queue, now, from synchronous code; whatever the
         socket does not take is left to the writer task."""
-        if self._sending or not self._out or self._fd is None:
+        if self._sending or not self._out:
+            return
+        if self._fd is None or self._encode is not None or self._holding:
+            # TLS or a compression stream write from a task; a batch writes at its end
+            self._wake.set()
             return
         data = b"".join(self._out)
         self._out = []
         self._buffered.total -= self._pending
         self._pending = 0
-        self._bytes_out.inc(len(data))
         try:
-            sent = try_write(self._fd, data)
+            rest = self._write_now(data)
         except trio.BrokenResourceError:
             self._cancel.cancel()
             return
-        if sent < len(data):
-            rest = data[sent:]
-            self._out.append(rest)
+        if rest is not None:
+            self._out.append(bytes(rest))
             self._pending = len(rest)
             self._buffered.total += self._pending
             self._wake.set()

@@ -112,3 +112,29 @@ async def test_a_client_that_disconnects_mid_reserve_releases_nothing_it_did_not
         assert await producer.call(b"put 0 0 10 1\r\nx\r\n") == b"INSERTED 1\r\n"
         other = await RawBeanstalk.connect(gw)
         assert await other.call(b"reserve-with-timeout 0\r\n") == b"RESERVED 1 1\r\nx\r\n"
+
+
+async def test_a_reserve_that_waits_after_pipelined_commands_still_answers() -> None:
+    """Replies queued before a reserve that has to wait leave first; the reserve's own
+    reply follows once it has a job (it used to be queued where nothing sent it)."""
+    async with gateway() as gw:
+        worker = await RawBeanstalk.connect(gw)
+        await worker.send(b"use t\r\nwatch t\r\nreserve\r\n")
+        assert await worker.reply() == b"USING t\r\n"
+        assert await worker.reply() == b"WATCHING 2\r\n"  # sent before the reserve waits
+        producer = await RawBeanstalk.connect(gw)
+        assert await producer.call(b"use t\r\nput 0 0 10 1\r\nx\r\n") == b"USING t\r\n"
+        assert await producer.reply() == b"INSERTED 1\r\n"
+        assert await worker.reply() == b"RESERVED 1 1\r\nx\r\n"
+        assert await worker.call(b"delete 1\r\n") == b"DELETED\r\n"
+
+
+async def test_a_reserve_with_timeout_after_pipelined_commands_times_out(
+    autojump_clock: object,
+) -> None:
+    async with gateway() as gw:
+        worker = await RawBeanstalk.connect(gw)
+        await worker.send(b"watch t\r\nreserve-with-timeout 2\r\nlist-tube-used\r\n")
+        assert await worker.reply() == b"WATCHING 2\r\n"
+        assert await worker.reply(timeout=10) == b"TIMED_OUT\r\n"
+        assert await worker.reply() == b"USING default\r\n"

@@ -20,7 +20,7 @@ from enum import IntEnum
 from typing import Final
 
 from gateway.protocols.nsq import events as ev
-from gateway.protocols.nsq.names import go_quote, is_valid_name
+from gateway.protocols.nsq.names import go_quote, valid_name
 
 MAGIC_V2: Final = b"  V2"
 FRAME_RESPONSE: Final = 0
@@ -317,27 +317,31 @@ class NSQServerCodec:
             return _error("E_INVALID cannot SUB with heartbeats disabled")
         if len(parts) < 3:
             return _error("E_INVALID SUB insufficient number of parameters")
-        if not is_valid_name(parts[1]):
+        topic = valid_name(parts[1])
+        if topic is None:
             return _error(f"E_BAD_TOPIC SUB topic name {go_quote(parts[1])} is not valid")
-        if not is_valid_name(parts[2]):
+        channel = valid_name(parts[2])
+        if channel is None:
             return _error(f"E_BAD_CHANNEL SUB channel name {go_quote(parts[2])} is not valid")
         self.state = _SUBSCRIBED
-        return ev.Sub(parts[1].decode("ascii"), parts[2].decode("ascii"))
+        return ev.Sub(topic, channel)
 
     # -- commands with a body ----------------------------------------------------
 
     def _pub(self, parts: list[bytes]) -> ev.Event | None:
         if len(parts) < 2:
             return _error("E_INVALID PUB insufficient number of parameters")
-        if not is_valid_name(parts[1]):
+        topic = valid_name(parts[1])
+        if topic is None:
             return _error(f"E_BAD_TOPIC PUB topic name {go_quote(parts[1])} is not valid")
-        self._want = (_PUB, parts[1].decode("ascii"), 0)
+        self._want = (_PUB, topic, 0)
         return self._body()
 
     def _dpub(self, parts: list[bytes]) -> ev.Event | None:
         if len(parts) < 3:
             return _error("E_INVALID DPUB insufficient number of parameters")
-        if not is_valid_name(parts[1]):
+        topic = valid_name(parts[1])
+        if topic is None:
             return _error(f"E_BAD_TOPIC DPUB topic name {go_quote(parts[1])} is not valid")
         defer = _base10(parts[2])
         if defer is None:
@@ -346,18 +350,18 @@ class NSQServerCodec:
             return _error(
                 f"E_INVALID DPUB timeout {defer} out of range 0-{self.limits.max_req_timeout}"
             )
-        self._want = (_DPUB, parts[1].decode("ascii"), defer)
+        self._want = (_DPUB, topic, defer)
         return self._body()
 
     def _mpub(self, parts: list[bytes]) -> ev.Event | None:
         if len(parts) < 2:
             return _error("E_INVALID MPUB insufficient number of parameters")
-        if not is_valid_name(parts[1]):
+        topic = valid_name(parts[1])
+        if topic is None:
             # the code really appears twice in nsqd's text
             return _error(
                 f"E_BAD_TOPIC E_BAD_TOPIC MPUB topic name {go_quote(parts[1])} is not valid"
             )
-        topic = parts[1].decode("ascii")
         self._want = (_MPUB, topic, 0)
         self._mpub_count = -2
         self._mpub_bodies = []

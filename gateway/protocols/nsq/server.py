@@ -34,3 +34,8 @@ class NSQServer:
     max_output_bytes: int = 4 * 1024 * 1024  # stop reading while this much waits to be sent
     hostname: str = "localhost"
     sessions: set[NSQSession] = field(default_factory=set)
+
+    def report_bytes(self) -> None:
+        """Sessions count their bytes in batches; a scrape wants them now."""
+        for session in self.sessions:
+            session.report_bytes()

@@ -1,11 +1,12 @@
 """One NSQ TCP connection: reads commands, applies them to the broker, writes frames.
 
 Three tasks per connection: the reader (parse every complete command of one receive,
-apply them all, then acknowledge publishes after one store flush), the writer (sends
-everything queued since its last send in one `send_all`, which is where throughput comes
-from: deliveries, responses and heartbeats of a whole batch leave in one write), and the
-heartbeat ticker. Deliveries arrive from the broker synchronously through `deliver()`,
-which only appends a frame and wakes the writer.
+apply them all, acknowledge publishes after one store flush, and write the replies and
+the deliveries of the batch itself, in one write), the writer (tcp.QueuedWriter's: what
+other tasks queued during one scheduler pass, deliveries from other connections'
+publishes and heartbeats, in one write), and the heartbeat ticker. Deliveries arrive
+from the broker synchronously through `deliver()`, which only appends a frame (and,
+outside the session's own batch, wakes the writer).
 """
 
 from __future__ import annotations
@@ -43,12 +44,11 @@ from gateway.protocols.nsq.negotiation import (
 )
 from gateway.protocols.nsq.server import NSQServer
 from gateway.stores.base import StoreError
-from gateway.tcp import Turn, receive, socket_fd, try_write
+from gateway.tcp import ByteCount, QueuedWriter, Turn, receive, socket_fd
 
 log = logging.getLogger("gateway.nsq")
 
 _RECEIVE_SIZE = 65536
-_WRITE_SIZE = 256 * 1024  # the most one send joins: bounds the copy a write makes
 _TLS_HANDSHAKE_TIMEOUT = 5.0  # nsqd's deadline for the upgrade handshake
 _NOT_IN_FLIGHT = b"ID not in flight"
 _NOT_OWNER = b"client does not own message"
@@ -70,7 +70,7 @@ def _parse_id(raw: bytes) -> int | None:
     return value if b"%016x" % value == raw else None
 
 
-class NSQSession:
+class NSQSession(QueuedWriter):
     protocol = "nsq"  # the metrics label of this consumer's deliveries
 
     def __init__(self, server: NSQServer, stream: trio.abc.Stream, remote: str) -> None:
@@ -100,29 +100,26 @@ class NSQSession:
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
-        # output
+        # output: tcp.QueuedWriter's (`_pending` counts the deliveries' bytes, for
+        # max_output_bytes)
         self._out: list[bytes] = []
-        self._out_bytes = 0
+        self._pending = 0
         self._wake = trio.Event()
         self._encode: Callable[[bytes], bytes] | None = None
-        # One sender at a time (reader replying inline, or the writer task). A flag, not a
-        # trio.Lock: acquiring a Lock is a checkpoint even when nobody holds it.
         self._sending = False
-        self._send_idle = trio.Event()
-        # Plain TCP: try one non-blocking write before falling back to send_all, whose
-        # every call yields to the scheduler. None once TLS wraps the stream.
+        # Plain TCP: reads and writes straight on the descriptor. None once TLS wraps it.
         self._fd = socket_fd(stream)
-        self._blocked_sends = 0  # sends that had to wait for the socket, and finished
-        self._blocked = False  # a send is waiting for the socket now
-        self._holding = False  # a command batch is running: the writer waits for it
+        self._holding = False  # a command batch is running: it writes when it is done
         # Deadlines, enforced by the _timers task rather than a cancel scope per read or
         # write (entering and leaving scopes was a fifth of a PUB round trip).
         self._next_heartbeat = 0.0
         self._read_deadline = math.inf
         self._timer_scope: trio.CancelScope | None = None
         self._metrics = server.metrics
-        self._cancel_scope = trio.CancelScope()
-        self._bytes_out = server.metrics.bytes_out.labels("nsq")
+        self._origin = f"nsq {remote}"  # of every message it publishes
+        self._cancel = trio.CancelScope()
+        self._bytes_in = ByteCount(server.metrics.bytes_in.labels("nsq"))
+        self._bytes_out = ByteCount(server.metrics.bytes_out.labels("nsq"))
 
     # -- life cycle ------------------------------------------------------------
 
@@ -133,13 +130,14 @@ class NSQSession:
         self.server.sessions.add(self)
         try:
             async with trio.open_nursery() as nursery:
-                self._cancel_scope = nursery.cancel_scope
+                self._cancel = nursery.cancel_scope
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._timers)
                 await self._reader()
                 nursery.cancel_scope.cancel()
         finally:
             self._fd = None  # never write to a descriptor number that may be reused
+            self.report_bytes()
             self.server.sessions.discard(self)
             m.connections.labels("nsq").dec()
             if self.consumer is not None and self.group is not None:
@@ -151,18 +149,24 @@ class NSQSession:
     def close(self) -> None:
         """End the connection from outside (nsqd closes the clients of a channel deleted
         over HTTP). The session detaches and closes its stream as on any other end."""
-        self._cancel_scope.cancel()
+        self._cancel.cancel()
+
+    def report_bytes(self) -> None:
+        """The byte counters are batched (tcp.ByteCount): a scrape wants them now."""
+        self._bytes_in.report()
+        self._bytes_out.report()
 
     async def _reader(self) -> None:
         now = trio.current_time()
         self._read_deadline = self._silence_deadline(now)
         self._next_heartbeat = now + self.heartbeat_interval
-        bytes_in = self._metrics.bytes_in.labels("nsq")
+        bytes_in = self._bytes_in
+        max_output = self.server.max_output_bytes
         try:
             while True:
-                if self._out_bytes > self.server.max_output_bytes:
+                if self._pending > max_output:
                     # the client does not read: stop reading its commands until it does
-                    await self._flush_output(force=True)
+                    await self._flush_all()
                 data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
                 if not data:
                     return
@@ -181,7 +185,7 @@ class NSQSession:
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
                 # the peer may be gone before it could read why
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._flush_output(force=True)
+                    await self._flush_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
@@ -284,7 +288,7 @@ class NSQSession:
                 # Reply from the reader's own task: one task switch less per round trip,
                 # which is most of a PUB's latency. A client that stops reading blocks
                 # its own reader here, as nsqd's does.
-                await self._flush_output()
+                await self._flush()
         return more
 
     def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
@@ -293,7 +297,7 @@ class NSQSession:
                 topic,
                 bodies,
                 delay=delay,
-                origin=f"nsq {self.remote}",
+                origin=self._origin,
                 ephemeral=is_ephemeral(topic),
             )
         except StoreError as exc:
@@ -392,7 +396,7 @@ class NSQSession:
             return
         # Upgrades: the JSON goes out in plain text first, then each step answers OK in
         # its new framing (nsq.md section 9). The client sends nothing until each OK.
-        await self._flush_output(force=True)
+        await self._flush_all()
         if identity.tls_v1:
             await self._upgrade_tls()
             await self._send_now([OK_FRAME])
@@ -434,7 +438,8 @@ class NSQSession:
         assert self.server.ssl_context is not None
         if self.codec.buffered:
             raise _Close()  # the client must wait for the JSON before its TLS hello
-        await self._acquire_send()
+        await self._settle()
+        self._sending = True  # the writer must not use the stream while it changes
         try:
             tls_stream = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
             with trio.move_on_after(_TLS_HANDSHAKE_TIMEOUT) as scope:
@@ -447,7 +452,7 @@ class NSQSession:
             self.stream = tls_stream
             self._fd = None
         finally:
-            self._release_send()
+            self._sending = False
         self.tls = True
         self.codec.tls_required = False
 
@@ -499,85 +504,17 @@ class NSQSession:
         out = self._out
         out.append(message_header(len(body), message.timestamp, message.attempts, message.id))
         out.append(body)
-        self._out_bytes += 34 + len(body)
+        self._pending += 34 + len(body)
         self.message_count += 1
-        self._wake.set()
+        if not self._holding:
+            self._wake.set()  # from another task: the writer sends it (the batch would)
         return True
 
-    # -- output --------------------------------------------------------------------
-
-    def _queue(self, frames: list[bytes]) -> None:
-        self._out.extend(frames)
-        self._wake.set()
-
-    async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            try:
-                await self._flush_output()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                # the peer went away (reset, broken pipe, write deadline): end the
-                # session quietly, nothing for the log
-                self._cancel_scope.cancel()
-                return
-
-    async def _acquire_send(self) -> None:
-        while self._sending:
-            if self._send_idle.is_set():
-                self._send_idle = trio.Event()
-            await self._send_idle.wait()
-        self._sending = True
-
-    def _release_send(self) -> None:
-        self._sending = False
-        self._send_idle.set()
-
-    async def _flush_output(self, *, force: bool = False) -> None:
-        if self._holding and not force:
-            return  # the batch in progress sends or wakes the writer when it is done
-        await self._acquire_send()
-        try:
-            while self._out:
-                chunks = self._out
-                pending = self._out_bytes
-                self._out = []
-                self._out_bytes = 0
-                if pending <= _WRITE_SIZE:
-                    await self._send(b"".join(chunks))
-                    continue
-                # Bodies in the outbox are shared with the queue; joining them all would
-                # copy up to RDY x max-msg-size at once. Send in bounded pieces instead.
-                start = size = 0
-                for i, chunk in enumerate(chunks):
-                    size += len(chunk)
-                    if size >= _WRITE_SIZE:
-                        await self._send(b"".join(chunks[start : i + 1]))
-                        start, size = i + 1, 0
-                if start < len(chunks):
-                    await self._send(b"".join(chunks[start:]))
-        finally:
-            self._release_send()
-
-    async def _send(self, data: bytes) -> None:
-        if self._encode is not None:
-            data = self._encode(data)
-        self._bytes_out.inc(len(data))
-        if self._fd is not None:
-            sent = try_write(self._fd, data)
-            if sent == len(data):
-                return  # the common case: the socket buffer took it all, no yield
-            data = memoryview(data)[sent:]  # type: ignore[assignment]
-        self._blocked = True
-        try:
-            await self.stream.send_all(data)
-        finally:
-            self._blocked = False
-            self._blocked_sends += 1
+    # -- output (tcp.QueuedWriter) ---------------------------------------------------
 
     async def _send_now(self, frames: list[bytes]) -> None:
         self._out.extend(frames)
-        await self._flush_output(force=True)
+        await self._flush_all()
 
     async def _timers(self) -> None:
         """Heartbeats, and nsqd's deadlines: the read deadline (two heartbeat intervals
@@ -591,11 +528,11 @@ class NSQSession:
             self._timer_scope = None
             now = trio.current_time()
             if now >= self._read_deadline:
-                self._cancel_scope.cancel()  # silence: close without an error frame
+                self._cancel.cancel()  # silence: close without an error frame
                 return
             if now >= self._next_heartbeat:
                 if self._blocked and self._blocked_sends == watched_sends:
-                    self._cancel_scope.cancel()  # a write stuck since the last heartbeat
+                    self._cancel.cancel()  # a write stuck since the last heartbeat
                     return
                 watched_sends = self._blocked_sends if self._blocked else -1
                 self._out.append(HEARTBEAT_FRAME)
