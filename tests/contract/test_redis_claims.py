@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pytest
 import trio
 
 from gateway.broker import Broker
@@ -33,12 +32,6 @@ class Finisher:
         if not self.hold:
             consumer.group.finish(consumer, message.id, pump=False)
         return True
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    redis_server.cli("FLUSHALL")
-    return redis_server.url
 
 
 @asynccontextmanager

@@ -8,7 +8,7 @@ page's lists and message view. Every wait is on a reply, bounded by a timeout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,23 +18,14 @@ import pytest
 import trio
 
 from tests.integration.test_durability import GatewayProc, start_gateway, supervised
-from tests.redis_server import RedisServer
 
 T = TypeVar("T")
 TUBE = "shared-jobs"
 
 
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("redis-beanstalk"))).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def url(redis: RedisServer) -> str:
-    redis.cli("FLUSHALL")
-    return redis.url
+def url(redis_url: str) -> str:  # the session's redis-server (tests/conftest.py), emptied
+    return redis_url
 
 
 async def two_gateways(sup: object, tmp: Path, url: str) -> tuple[GatewayProc, GatewayProc]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -39,17 +38,9 @@ from tests.integration.test_durability import (
 from tests.redis_server import RedisServer
 
 
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("redis-shared"))).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def url(redis: RedisServer) -> str:
-    redis.cli("FLUSHALL")
-    return redis.url
+def url(redis_url: str) -> str:  # the session's redis-server (tests/conftest.py), emptied
+    return redis_url
 
 
 async def gateway(sup: object, tmp: Path, name: str, url: str, *extra: str) -> GatewayProc:
