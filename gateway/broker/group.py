@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from enum import IntEnum
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -21,6 +20,7 @@ from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
 from gateway.broker.group_admin import GroupAdmin
 from gateway.broker.journal import NULL_JOURNAL
+from gateway.broker.members import Consumer, InFlight, Outcome, Sink
 from gateway.broker.ready import ReadyQueue
 from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
 from gateway.broker.window import NO_KEY, MemoryWindow
@@ -32,68 +32,11 @@ if TYPE_CHECKING:
 
 _INF = float("inf")
 
-
-class Outcome(IntEnum):
-    OK = 0
-    NOT_IN_FLIGHT = 1
-    NOT_OWNER = 2
-
+__all__ = ["Consumer", "Group", "InFlight", "Outcome", "Sink"]
 
 # the outcomes as plain module constants: an enum member looked up on its class costs
 # four times a global on every acknowledgement
 _OK, _NOT_IN_FLIGHT, _NOT_OWNER = Outcome.OK, Outcome.NOT_IN_FLIGHT, Outcome.NOT_OWNER
-
-
-class Sink(Protocol):
-    def deliver(self, message: Message, consumer: Consumer) -> bool:
-        """Take a delivery. False declines it (NSQ sample_rate): it counts as finished."""
-        ...
-
-
-class Consumer:
-    """A member of a group. `ready` is a window: deliveries flow while in_flight < ready."""
-
-    __slots__ = (
-        "attached",
-        "counts",
-        "group",
-        "in_flight",
-        "latency",
-        "ready",
-        "sink",
-        "timeout",
-        "waiting",
-    )
-
-    def __init__(self, group: Group, sink: Sink, timeout: float) -> None:
-        self.group = group
-        self.sink = sink
-        protocol = getattr(sink, "protocol", "other")
-        # this consumer's protocol's counters in the group, and its ack-latency histogram
-        self.counts = group.counts_for(protocol)
-        self.latency = group.topic.broker.ack_latency_for(protocol)
-        self.timeout = (
-            timeout  # seconds a delivery may stay in flight (unless the message has a ttr)
-        )
-        self.ready = 0
-        self.in_flight = 0
-        self.attached = True
-        self.waiting = False  # queued in the group's list of consumers with room
-
-    def set_ready(self, count: int) -> None:
-        self.ready = count
-        if count > self.in_flight:
-            self.group._offer(self)
-
-
-class InFlight:
-    __slots__ = ("consumer", "deadline", "delivered_at", "message")
-
-    def __init__(self, message: Message, consumer: Consumer, deadline: float, now: float) -> None:
-        self.message = message
-        self.consumer = consumer
-        self.deadline = deadline
-        self.delivered_at = now
 
 
 class Group(MemoryWindow, GroupAdmin):
