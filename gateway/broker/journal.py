@@ -102,15 +102,6 @@ class Journal:
             return _ClaimRecorder(self.store, group.topic.name, group.name)
         return self.store.recorder(group.topic.name, group.name)
 
-    def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
-        # in flight: ready as far as the store knows, with the attempt counted, so that a
-        # crash now brings it back with attempts + 1; a shared store keeps it claimed by
-        # this gateway until `deadline`, when any gateway may take it back
-        if self.store.shares:
-            self.store.claimed(group.topic.name, group.name, message, to_wall(deadline))  # type: ignore[attr-defined]
-            return
-        self.store.update(group.topic.name, group.name, message, 0.0)
-
     async def kick(self, group: Group, n: int) -> int:
         """A shared store's buried (or deferred) messages: up to `n` of them ready again
         now; how many there were."""
@@ -222,9 +213,6 @@ class _NullJournal(Journal):
 
     def recorder(self, group: Group) -> GroupRecorder:
         return _NULL_RECORDER
-
-    def delivered(self, group: Group, message: Message, deadline: float = 0.0) -> None:
-        pass
 
     def touched(self, group: Group, message: Message, deadline: float) -> None:
         pass
