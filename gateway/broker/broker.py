@@ -209,6 +209,14 @@ class Broker:
             return None
         return await self.claims.take(group, consumer, msg_id)
 
+    async def delete_stored(self, group: Group, msg_id: int) -> bool:
+        """Remove one particular message a shared store keeps and no gateway holds
+        (beanstalkd delete of a job another gateway deferred or buried); False when it is
+        held elsewhere or gone, or the store is not shared. Committed by the next flush."""
+        if self.claims is None:
+            return False
+        return await self.claims.delete(group, msg_id)
+
     @property
     def store_failed(self) -> StoreError | None:
         return self.store.failed

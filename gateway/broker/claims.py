@@ -154,6 +154,17 @@ class Claims:
             return None
         return group.take_claimed(consumer, msg)
 
+    async def delete(self, group: Group, msg_id: int) -> bool:
+        """Claim one particular message from Redis and remove it (beanstalkd delete of a job
+        another gateway deferred or buried, or nobody claimed yet): False when another
+        gateway holds it or it is gone. The claim makes the removal atomic: a gateway that
+        claims it first keeps it, and this one then finds nothing."""
+        msg = await group.journal.claim_id(group, msg_id, CLAIM_LEASE)
+        if msg is None:
+            return False
+        group.delete_claimed(msg)
+        return True
+
     def give_back(self, group: Group, msgs: list[Any]) -> None:
         """Claimed messages not delivered: ready in Redis again, for any gateway."""
         journal = group.journal

@@ -191,10 +191,15 @@ class GroupAdmin:
         msg = self._unqueue(msg_id)
         if msg is None:
             return False
+        self.delete_claimed(msg)
+        return True
+
+    def delete_claimed(self, msg: Message) -> None:
+        """Remove a message that is in no queue here: one just unqueued, or one claimed from
+        a shared store to be deleted (a job another gateway deferred or buried)."""
         self.journal.removed(self, (msg,))
         if self.archive is not None:
             self.archive.record(events.DELETED, msg, self.name)
-        return True
 
     def empty(self) -> None:
         """Drop every message: ready, deferred, buried and in flight (as nsqd's channel empty

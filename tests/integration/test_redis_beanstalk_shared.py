@@ -2,7 +2,7 @@
 "Redis"): two real `gateway serve --store redis://...` processes, greenstalk clients.
 
 What another gateway holds, deferred or buried is in Redis only, so A's state is read
-there: `peek <id>`, `stats-job`, `kick-job`, `reserve-job`, `peek-delayed`, and the admin
+there: `peek <id>`, `stats-job`, `kick-job`, `reserve-job`, `delete`, `peek-delayed`, and the admin
 page's lists and message view. Every wait is on a reply, bounded by a timeout.
 """
 
@@ -128,6 +128,45 @@ async def test_reserve_job_and_peek_delayed_of_a_job_another_gateway_deferred(
             assert stats["state"] == "reserved" and stats["reserves"] == 1, stats
             await run(lambda: on_b.delete(job))
             assert (await run(on_a.peek_delayed)).body == b"first"
+        finally:
+            on_a.close()
+            on_b.close()
+
+
+async def test_delete_of_a_job_another_gateway_deferred_buried_or_holds(
+    url: str, tmp_path: Path
+) -> None:
+    async with supervised() as sup:
+        a, b = await two_gateways(sup, tmp_path, url)
+        on_a, on_b = client(a), client(b)
+        try:
+            delayed = await run(lambda: on_a.put(b"later", delay=300))
+            grim = await run(lambda: on_a.put(b"grim", priority=1))
+            job = await run(lambda: on_a.reserve(timeout=5))
+            assert job.id == grim
+            await run(lambda: on_a.bury(job))
+            held = await run(lambda: on_a.put(b"held", priority=2))
+            assert (await run(lambda: on_a.reserve(timeout=5))).id == held
+            unclaimed = await run(lambda: on_a.put(b"nobody's yet", priority=3))
+            # B deletes what A deferred and buried, and a ready job no gateway claimed
+            for job_id in (delayed, grim, unclaimed):
+                await run(lambda job_id=job_id: on_b.delete(job_id))
+                with pytest.raises(greenstalk.NotFoundError):
+                    await run(lambda job_id=job_id: on_a.peek(job_id))
+                with pytest.raises(greenstalk.NotFoundError):  # and only once
+                    await run(lambda job_id=job_id: on_b.delete(job_id))
+            # what a worker of A holds is its own to delete
+            with pytest.raises(greenstalk.NotFoundError):
+                await run(lambda: on_b.delete(held))
+            assert (await run(lambda: on_b.stats_job(held)))["state"] == "reserved"
+            await run(lambda: on_a.delete(held))
+            counts = ["ready", "delayed", "buried", "reserved"]
+            with trio.fail_after(10):  # the shared counts are read every second
+                while True:
+                    stats = await run(lambda: on_a.stats_tube(TUBE))
+                    if all(stats[f"current-jobs-{c}"] == 0 for c in counts):
+                        break
+                    await trio.sleep(0.05)
         finally:
             on_a.close()
             on_b.close()
