@@ -233,5 +233,13 @@ def _text(name: bytes | str) -> str:
 
 
 def _what(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0]
+    """One line saying what went wrong, with the cause a client library wrapped (such as a
+    certificate that failed verification behind "unable to establish a connection")."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 3:
+        text = (str(seen) or type(seen).__name__).splitlines()[0]
+        if not any(text in p for p in parts):
+            parts.append(text)
+        seen = seen.__cause__ or seen.__context__
+    return ": ".join(parts)

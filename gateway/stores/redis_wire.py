@@ -16,7 +16,6 @@ Replies are parsed by coredis's compiled RESP parser.
 
 from __future__ import annotations
 
-import ssl
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -87,8 +86,9 @@ class Wire:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
                 stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-                if self.target.tls:
-                    tls = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
+                context = self.target.ssl_context()
+                if context is not None:
+                    tls = trio.SSLStream(stream, context, server_hostname=host)
                     await tls.do_handshake()
                     stream = tls
         except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
