@@ -19,7 +19,9 @@ def autojump_clock() -> trio.testing.MockClock:
 async def _healthy_round_trips(gw: object, n: int, done: list[int]) -> None:
     pub = await RawNSQ.connect(gw)  # type: ignore[arg-type]
     sub = await RawNSQ.connect(gw)  # type: ignore[arg-type]
-    await sub.send(b"SUB healthy ch\nRDY 5\n")
+    # RDY 1: it waits for each message (with more room, nsqd's output buffering would
+    # hold each one up to output_buffer_timeout, 250 ms, for company)
+    await sub.send(b"SUB healthy ch\nRDY 1\n")
     assert await sub.frame() == (0, b"OK")
     for i in range(n):
         body = b"healthy %d" % i

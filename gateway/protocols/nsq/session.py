@@ -92,6 +92,11 @@ class NSQSession(QueuedWriter):
         self.sample_rate = 0
         self.msg_timeout = server.features.msg_timeout / 1000
         self.heartbeat_interval = server.features.heartbeat_interval / 1000
+        # nsqd's output buffering of deliveries (IDENTIFY output_buffer_size/_timeout):
+        # see deliver()
+        self.output_buffer_size = server.features.output_buffer_size
+        self.output_buffer_timeout = server.features.output_buffer_timeout / 1000
+        self._flush_at = math.inf  # when buffered deliveries go out at the latest
         self.auth_state: AuthState | None = None
         # subscription
         self.group: Group | None = None
@@ -209,6 +214,7 @@ class NSQSession(QueuedWriter):
         published = False
         failed: StoreError | None = None
         got_command = False
+        delivered = self.message_count
         self._holding = True
         deadline, self._read_deadline = self._read_deadline, math.inf  # not while processing
         more = False
@@ -278,9 +284,17 @@ class NSQSession(QueuedWriter):
                 except StoreError as exc:
                     failed = exc
             self._holding = False
+            out_at_start = out
             del out
         if failed is not None:
             self._pub_failed(start, failed)
+        if (
+            self._out is out_at_start
+            and len(out_at_start) - start == 2 * (self.message_count - delivered)
+            and self.consumer is not None
+            and not self._send_deliveries(self.consumer)
+        ):
+            return more  # nothing but deliveries (two chunks each) since the batch began
         if self._out:
             if self._sending:
                 self._wake.set()
@@ -420,6 +434,8 @@ class NSQSession(QueuedWriter):
         self.user_agent = identity.user_agent
         self.sample_rate = identity.sample_rate
         self.msg_timeout = identity.msg_timeout / 1000
+        self.output_buffer_size = identity.output_buffer_size
+        self.output_buffer_timeout = identity.output_buffer_timeout / 1000
         if self.consumer is not None:
             self.consumer.timeout = self.msg_timeout
         now = trio.current_time()
@@ -432,7 +448,7 @@ class NSQSession(QueuedWriter):
             self.heartbeat_interval = identity.heartbeat_interval / 1000
             self._next_heartbeat = now + self.heartbeat_interval
         if self._timer_scope is not None:
-            self._timer_scope.deadline = self._next_heartbeat
+            self._timer_scope.deadline = min(self._next_heartbeat, self._flush_at)
 
     async def _upgrade_tls(self) -> None:
         assert self.server.ssl_context is not None
@@ -506,9 +522,29 @@ class NSQSession(QueuedWriter):
         out.append(body)
         self._pending += 34 + len(body)
         self.message_count += 1
-        if not self._holding:
-            self._wake.set()  # from another task: the writer sends it (the batch would)
+        if not self._holding and self._send_deliveries(consumer):
+            self._wake.set()  # from another task: the writer sends them
         return True
+
+    def _send_deliveries(self, consumer: Consumer) -> bool:
+        """Whether queued deliveries go out now, as nsqd's messagePump decides: when they
+        fill output_buffer_size, or the client's window is full (it waits for them);
+        otherwise output_buffer_timeout after the first at the latest (the timer is set
+        here), or with the next reply to a command. A stream of single publishes thus
+        reaches a busy consumer in one write per buffer, not one write per message, and
+        FINs, which nsqd does not answer, do not flush either."""
+        if (
+            self._pending >= self.output_buffer_size
+            or consumer.in_flight >= consumer.ready
+            or not self.output_buffer_timeout
+        ):
+            return True
+        if self._flush_at == math.inf:
+            self._flush_at = at = trio.current_time() + self.output_buffer_timeout
+            scope = self._timer_scope
+            if scope is not None and at < scope.deadline:
+                scope.deadline = at
+        return False
 
     # -- output (tcp.QueuedWriter) ---------------------------------------------------
 
@@ -522,11 +558,16 @@ class NSQSession(QueuedWriter):
         interval; checked at each heartbeat, so it fires within one to two intervals)."""
         watched_sends = -1
         while True:
-            with trio.CancelScope(deadline=min(self._next_heartbeat, self._read_deadline)) as scope:
+            deadline = min(self._next_heartbeat, self._read_deadline, self._flush_at)
+            with trio.CancelScope(deadline=deadline) as scope:
                 self._timer_scope = scope
                 await trio.sleep_forever()
             self._timer_scope = None
             now = trio.current_time()
+            if now >= self._flush_at:
+                self._flush_at = math.inf
+                if self._out:
+                    self._wake.set()  # buffered deliveries: their time is up
             if now >= self._read_deadline:
                 self._cancel.cancel()  # silence: close without an error frame
                 return
