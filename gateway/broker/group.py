@@ -22,7 +22,7 @@ from gateway.broker.group_admin import GroupAdmin
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.members import Consumer, InFlight, Outcome, Sink
 from gateway.broker.ready import ReadyQueue
-from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, REQUEUED, TIMED_OUT
+from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, FOLD_AT, REQUEUED, TIMED_OUT
 from gateway.broker.window import NO_KEY, MemoryWindow
 from gateway.model import Message
 from gateway.stores.base import Key
@@ -254,7 +254,10 @@ class Group(MemoryWindow, GroupAdmin):
             return _NOT_OWNER
         c.counts[ACKNOWLEDGED] += 1
         msg = entry.message
-        c.latency.observe_ns(time.time_ns() - msg.timestamp)
+        samples = c.latency_samples
+        samples.append(time.time_ns() - msg.timestamp)
+        if len(samples) >= FOLD_AT:
+            c.latency.fold()
         self.recorder.finished(msg)
         if self.archive is not None:
             self.archive.record(events.ACKNOWLEDGED, msg, self.name, c.sink)

@@ -34,6 +34,7 @@ class Consumer:
         "group",
         "in_flight",
         "latency",
+        "latency_samples",
         "ready",
         "sink",
         "timeout",
@@ -47,6 +48,7 @@ class Consumer:
         # this consumer's protocol's counters in the group, and its ack-latency histogram
         self.counts = group.counts_for(protocol)
         self.latency = group.topic.broker.ack_latency_for(protocol)
+        self.latency_samples = self.latency.samples  # appended to, folded by the histogram
         self.timeout = (
             timeout  # seconds a delivery may stay in flight (unless the message has a ttr)
         )

@@ -8,8 +8,7 @@ increment, with no lookup and nothing to fold in when the consumer leaves.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from typing import Final
+from typing import Any, Final
 
 # indexes into a group's per-protocol count list
 DELIVERED, ACKNOWLEDGED, REQUEUED, TIMED_OUT, BURIED = range(5)
@@ -30,27 +29,74 @@ def new_counts() -> list[int]:
 
 class Histogram:
     """A latency histogram as bare counts (prometheus_client's Histogram takes a lock and
-    does more work per observation than an acknowledgement itself costs)."""
+    does more work per observation than an acknowledgement itself costs).
 
-    __slots__ = ("buckets", "count", "sum_ns")
+    An acknowledgement only appends its latency to `samples` (a bound `list.append`, no
+    Python call); they are sorted into the buckets FOLD_AT at a time, with numpy, and
+    before anything reads the counts."""
+
+    __slots__ = ("_count", "_sum_ns", "buckets", "samples")
 
     def __init__(self) -> None:
         self.buckets = [0] * (len(_BOUNDS_NS) + 1)  # the last one is +Inf
-        self.count = 0
-        self.sum_ns = 0
+        self._count = 0
+        self._sum_ns = 0
+        # never replaced (emptied in place): consumers keep a reference to it
+        self.samples: list[int] = []
 
     def observe_ns(self, elapsed_ns: int) -> None:
-        if elapsed_ns < 0:
-            elapsed_ns = 0  # the wall clock stepped back
-        self.buckets[bisect_left(_BOUNDS_NS, elapsed_ns)] += 1
-        self.count += 1
-        self.sum_ns += elapsed_ns
+        samples = self.samples
+        samples.append(elapsed_ns)
+        if len(samples) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Sort the samples taken so far into the buckets."""
+        samples = self.samples
+        if not samples:
+            return
+        import numpy as np  # not at start-up: only a gateway that acknowledges needs it
+
+        values = np.maximum(np.array(samples, dtype=np.int64), 0)  # a clock stepped back
+        del samples[:]
+        placed = np.bincount(
+            np.searchsorted(_bounds_array(np), values, side="left"), minlength=len(self.buckets)
+        )
+        buckets = self.buckets
+        for i, n in enumerate(placed.tolist()):
+            buckets[i] += n
+        self._count += len(values)
+        self._sum_ns += int(values.sum())
+
+    @property
+    def count(self) -> int:
+        self.fold()
+        return self._count
+
+    @property
+    def sum_ns(self) -> int:
+        self.fold()
+        return self._sum_ns
 
     def cumulative(self) -> list[tuple[str, int]]:
         """(le, cumulative count) pairs, +Inf last: the shape Prometheus wants."""
+        self.fold()
         out = []
         total = 0
         for bound, n in zip((*LATENCY_BUCKETS, None), self.buckets, strict=True):
             total += n
             out.append(("+Inf" if bound is None else repr(bound), total))
         return out
+
+
+# samples an acknowledgement path lets pile up before it folds them (a few hundred KB)
+FOLD_AT: Final = 4096
+
+
+_BOUNDS: list[Any] = []  # _BOUNDS_NS as a numpy array, made on first use
+
+
+def _bounds_array(np: Any) -> Any:
+    if not _BOUNDS:
+        _BOUNDS.append(np.array(_BOUNDS_NS, dtype=np.int64))
+    return _BOUNDS[0]
