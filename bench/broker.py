@@ -9,6 +9,9 @@ beanstalk.py, nats.py and store.py):
 * ``publish x100``   the same, 100 bodies per call (an MPUB);
 * ``deliver + ack``  a consumer with RDY 1000 over a group holding N ready messages:
                      each delivery handed to the sink, then ``finish`` (FIN) for each;
+* ``deliver + ack, FIN batches``  the same, but the FINs of what the sink got are
+                     applied with ``pump=False`` and the window refilled once per batch
+                     (``Group.pump``), as the NSQ session applies a read's FINs;
 * ``fan-out x4``     one message at a time into a topic with four groups.
 
 Each figure is the best of ``--repeat`` runs (GC frozen after set-up, as the gateway does
@@ -111,19 +114,43 @@ async def deliver_ack(n: int) -> float:
     return cpu_us_per(n, run)
 
 
+async def deliver_ack_batched(n: int) -> float:
+    b = await fresh()
+    g = b.group("t", "g")
+    b.publish("t", [BODY] * n)
+    sink = Sink()
+    consumer = g.attach(sink, 60)
+    finish, pump = g.finish, g.pump
+
+    def run() -> None:
+        consumer.set_ready(1000)
+        done = 0
+        while done < n:
+            got, sink.got = sink.got, []
+            for m in got:
+                finish(consumer, m.id, pump=False)
+            pump()  # one refill of the window for the whole batch
+            done += len(got)
+            if not got:
+                break
+
+    return cpu_us_per(n, run)
+
+
 async def main(args: argparse.Namespace) -> None:
     cases: list[tuple[str, Callable[[], Awaitable[float]]]] = [
         ("publish", lambda: publish_one(args.n, 1)),
         ("publish x100", lambda: publish_batch(args.n)),
         ("deliver + ack", lambda: deliver_ack(args.n)),
+        ("deliver + ack, FIN batches", lambda: deliver_ack_batched(args.n)),
         ("fan-out x4", lambda: publish_one(args.n // 4, 4)),
     ]
     print(f"# python {sys.version.split()[0]}, load {os.getloadavg()[0]:.2f}, "
           f"n={args.n}, best of {args.repeat}")  # fmt: skip
-    print(f"{'workload':16s} {'µs/msg':>8s}  runs")
+    print(f"{'workload':27s} {'µs/msg':>8s}  runs")
     for name, case in cases:
         runs = [await case() for _ in range(args.repeat)]
-        print(f"{name:16s} {min(runs):8.2f}  {', '.join(f'{r:.2f}' for r in runs)}")
+        print(f"{name:27s} {min(runs):8.2f}  {', '.join(f'{r:.2f}' for r in runs)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
@@ -38,12 +38,23 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._fifo) + len(self._heap)
 
-    def add(self, deadline: float, entry: InFlight) -> None:
+    def add(self, entry: InFlight) -> None:
         fifo = self._fifo
-        if not fifo or fifo[-1][0] <= deadline:
-            fifo.append((deadline, entry))
+        if not fifo or fifo[-1][0] <= entry.deadline:
+            fifo.append((entry.deadline, entry))
         else:
-            heappush(self._heap, (deadline, next(self._seq), entry))
+            heappush(self._heap, (entry.deadline, next(self._seq), entry))
+
+    def add_all(self, entries: Iterable[InFlight]) -> None:
+        """Record the deadlines of these deliveries (each entry's `deadline`)."""
+        fifo = self._fifo
+        append = fifo.append
+        for entry in entries:
+            deadline = entry.deadline
+            if not fifo or fifo[-1][0] <= deadline:
+                append((deadline, entry))
+            else:
+                heappush(self._heap, (deadline, next(self._seq), entry))
 
     def next_due(self) -> float:
         """The earliest recorded deadline (it may belong to a stale entry)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from heapq import heappop, heappush
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import trio
@@ -37,6 +38,9 @@ __all__ = ["Consumer", "Group", "InFlight", "Outcome", "Sink"]
 # the outcomes as plain module constants: an enum member looked up on its class costs
 # four times a global on every acknowledgement
 _OK, _NOT_IN_FLIGHT, _NOT_OWNER = Outcome.OK, Outcome.NOT_IN_FLIGHT, Outcome.NOT_OWNER
+
+
+_DEADLINE = attrgetter("deadline")
 
 
 class Group(MemoryWindow, GroupAdmin):
@@ -178,7 +182,13 @@ class Group(MemoryWindow, GroupAdmin):
                 waiting.popleft()
                 c.waiting = False
                 continue
-            self._deliver(c, ready.pop(), now)
+            # alone, a consumer takes all its window has room for in one go; several
+            # take turns, one message each
+            n = c.ready - c.in_flight if len(waiting) == 1 else 1
+            if n > 1:
+                self._deliver_all(c, ready.pop_many(n), now)
+            else:
+                self._deliver(c, ready.pop(), now)
             if c.in_flight >= c.ready:  # its window is full: it waits no more
                 waiting.popleft()
                 c.waiting = False
@@ -195,7 +205,7 @@ class Group(MemoryWindow, GroupAdmin):
         entry = InFlight(msg, c, deadline, now)
         self.in_flight[msg.id] = entry
         c.in_flight += 1
-        self._deadlines.add(deadline, entry)
+        self._deadlines.add(entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
         self.recorder.delivered(msg, deadline)
@@ -204,6 +214,38 @@ class Group(MemoryWindow, GroupAdmin):
         c.counts[DELIVERED] += 1
         if not c.sink.deliver(msg, c):
             self._finish(entry)
+
+    def _deliver_all(self, c: Consumer, msgs: list[Message], now: float) -> None:
+        """`_deliver` for several messages to one consumer (a window refilled after a
+        batch of FINs): in flight, then recorded once for the batch (deadlines, store,
+        counts), then handed to the sink, so that a message the sink refuses (finished at
+        once) is never recorded after its finish. About a third fewer instructions per
+        message than one `_deliver` each; for a single message it costs about 2,000 more
+        (callgrind), so single deliveries keep their own path."""
+        in_flight = self.in_flight
+        timeout = c.timeout
+        entries = []
+        for msg in msgs:
+            msg.attempts += 1
+            entry = InFlight(msg, c, now + (msg.ttr or timeout), now)
+            in_flight[msg.id] = entry
+            entries.append(entry)
+        c.in_flight += len(entries)
+        self._deadlines.add_all(entries)
+        soonest = entries[0].deadline if len(entries) == 1 else min(map(_DEADLINE, entries))
+        if soonest < self.next_wake:
+            self.topic.broker.schedule(self, soonest)
+        self.recorder.delivered_all(entries)
+        c.counts[DELIVERED] += len(entries)
+        archive = self.archive
+        deliver = c.sink.deliver
+        for entry in entries:
+            if not c.attached:
+                break  # the sink let the consumer go: what it held is dealt with
+            if archive is not None:
+                archive.record(events.DELIVERED, entry.message, self.name, c.sink)
+            if not deliver(entry.message, c):
+                self._finish(entry)
 
     def take(self, consumer: Consumer, msg: Message | None = None) -> Message | None:
         """Hand the most urgent ready message (or `msg`) to `consumer` at once, whatever its
@@ -334,7 +376,7 @@ class Group(MemoryWindow, GroupAdmin):
         now = trio.current_time()
         entry.deadline = min(now + extend, entry.delivered_at + cap)
         self.journal.touched(self, entry.message, entry.deadline)
-        self._deadlines.add(entry.deadline, entry)
+        self._deadlines.add(entry)
         if entry.deadline < self.next_wake:
             self.topic.broker.schedule(self, entry.deadline)
         return _OK

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.model import Message
-from gateway.stores.base import GroupRecorder, Key, Store
+from gateway.stores.base import Delivery, GroupRecorder, Key, Store
 
 if TYPE_CHECKING:
     from gateway.broker.group import Group
@@ -180,6 +180,9 @@ class _NullRecorder(GroupRecorder):
         pass
 
     def delivered(self, message: Message, deadline: float) -> None:
+        pass
+
+    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
         pass
 
     def finished(self, message: Message) -> None:

@@ -13,6 +13,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Iterator
 from heapq import heapify, heappop, heappush
+from itertools import islice
 
 from gateway.model import Message
 
@@ -96,6 +97,27 @@ class ReadyQueue:
         msg = heappop(late)[2]
         self.size -= 1
         return msg
+
+    def pop_many(self, n: int) -> list[Message]:
+        """Remove and return up to `n` of the most urgent messages, most urgent first: a
+        slice of the head lane at once while no late message comes before it."""
+        out: list[Message] = []
+        while len(out) < n and self.size:
+            late = self._late
+            if not self._priorities or (late and late[0][0] <= self._priorities[0]):
+                out.append(self.pop())  # a late one may be next: one at a time
+                continue
+            p = self._priorities[0]
+            lane = self._lanes[p]
+            k = min(n - len(out), len(lane))
+            # k poplefts run by C (iter(callable, sentinel) calls it until the sentinel,
+            # which a Message never is), with no Python-level loop
+            out += islice(iter(lane.popleft, None), k)
+            if not lane:
+                del self._lanes[p]
+                del self._priorities[0]
+            self.size -= k
+        return out
 
     def max_key(self) -> tuple[int, int] | None:
         """The least urgent (priority, id) in the queue: where a memory window ends."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import trio
 
@@ -76,6 +76,13 @@ class StoreStats:
     messages_on_disk: int = 0
 
 
+class Delivery(Protocol):
+    """One delivery as the broker records it (its InFlight entry)."""
+
+    message: Message
+    deadline: float
+
+
 class GroupRecorder:
     """One group's door for the calls made on every message (a publish into this group
     alone, a delivery, a finish),
@@ -99,6 +106,11 @@ class GroupRecorder:
         crash now brings it back with attempts + 1. `deadline` (broker clock) matters to
         a shared store only, which keeps the message claimed until then."""
         self.store.update(self.topic, self.group, message, 0.0)
+
+    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
+        """`delivered` for each of a batch of deliveries to one consumer."""
+        for d in deliveries:
+            self.delivered(d.message, d.deadline)
 
     def finished(self, message: Message) -> None:
         """Acknowledged (NSQ FIN, beanstalkd delete of a reserved job)."""

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gateway.model import Message
-from gateway.stores.base import GroupRecorder, Store, StoredGroup, StoredState, StoredTopic
+from gateway.stores.base import (
+    Delivery,
+    GroupRecorder,
+    Store,
+    StoredGroup,
+    StoredState,
+    StoredTopic,
+)
 
 # What a durable store would write for one message in one group: the per-group fields as
 # they are when recorded, beside the live message for the fields that never change after a
@@ -81,6 +88,15 @@ class _Recorder(GroupRecorder):
         g.messages[message.id] = (message, message.attempts, message.priority, 0.0)
         if g.buried:
             g.buried.discard(message.id)
+
+    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
+        g = self._record
+        records = g.messages
+        for d in deliveries:
+            m = d.message
+            records[m.id] = (m, m.attempts, m.priority, 0.0)
+            if g.buried:
+                g.buried.discard(m.id)
 
     def finished(self, message: Message) -> None:
         g = self._record

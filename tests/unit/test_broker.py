@@ -234,6 +234,50 @@ async def test_declined_delivery_counts_as_finished() -> None:
         assert not g.in_flight
 
 
+async def test_a_window_refilled_at_once_is_recorded_before_the_sink_sees_it() -> None:
+    """A consumer alone with room for many gets them in one batch: in priority order,
+    attempts counted, every one in flight with its deadline; what the sink declines is
+    finished, never left recorded as delivered."""
+    async with broker() as b:
+        g = b.group("t", "c")
+        b.publish("t", [b"late"], priority=9)
+        b.publish("t", [b"a", b"b", b"c"], priority=1)
+        s = Collector()
+        c = g.attach(s, 60)
+        c.set_ready(10)
+        assert s.bodies == [b"a", b"b", b"c", b"late"] and s.attempts == [1, 1, 1, 1]
+        assert len(g.in_flight) == 4 and c.in_flight == 4
+        entries = [g.in_flight[m.id] for m in s.got]
+        assert all(e.deadline == e.delivered_at + 60 for e in entries)
+        assert g.delivered_count == 4
+        for m in s.got:
+            assert g.finish(c, m.id, pump=False) is Outcome.OK
+        s.accept = False  # the next batch is declined: each one finished at once
+        b.publish("t", [b"x", b"y"])
+        assert g.finish_count == 6 and not g.in_flight and c.in_flight == 0
+        # the memory store holds nothing for them (a restart would not bring them back)
+        assert not b.store._topics["t"].groups["c"].messages  # type: ignore[attr-defined]
+
+
+async def test_a_sink_that_lets_its_consumer_go_mid_batch_gets_no_more() -> None:
+    async with broker() as b:
+        g = b.group("t", "c")
+        b.publish("t", [b"1", b"2", b"3"])
+        got: list[bytes] = []
+
+        class Leaving:
+            def deliver(self, message: Message, consumer: Consumer) -> bool:
+                got.append(message.body)
+                g.detach(consumer, requeue=True)  # as a connection closing would
+                return True
+
+        g.attach(Leaving(), 60).set_ready(3)
+        assert got == [b"1"]
+        s = Collector()
+        g.attach(s, 60).set_ready(3)
+        assert s.bodies == [b"1", b"2", b"3"]  # all back, none lost or doubled
+
+
 async def test_pause_and_empty() -> None:
     async with broker() as b:
         g = b.group("t", "c")

@@ -16,6 +16,7 @@ ops = st.lists(
         st.tuples(st.just("extend"), st.integers(0, 3), st.integers(1, 5)),
         st.tuples(st.just("pop"), st.just(0), st.just(0)),
         st.tuples(st.just("remove"), st.just(0), st.integers(1, 60)),
+        st.tuples(st.just("pop_many"), st.just(0), st.integers(1, 8)),
     ),
     max_size=80,
 )
@@ -45,6 +46,13 @@ def test_matches_a_heap(operations: list[tuple[str, int, int]]) -> None:
             got = queue.pop()
             assert (got.priority, got.id) == expected
             del live[got.id]
+        elif op == "pop_many":
+            # the `arg` most urgent, most urgent first, whatever lanes and late ones hold
+            expected_many = [heapq.heappop(reference) for _ in range(min(arg, len(reference)))]
+            got_many = queue.pop_many(arg)
+            assert [(m.priority, m.id) for m in got_many] == expected_many
+            for m in got_many:
+                del live[m.id]
         elif op == "remove" and arg in live:
             m = live.pop(arg)
             assert queue.remove(m)
