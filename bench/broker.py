@@ -92,29 +92,9 @@ async def publish_batch(n: int) -> float:
     return cpu_us_per(n, run)
 
 
-async def deliver_ack(n: int) -> float:
-    b = await fresh()
-    g = b.group("t", "g")
-    b.publish("t", [BODY] * n)
-    sink = Sink()
-    consumer = g.attach(sink, 60)
-    finish = g.finish
-
-    def run() -> None:
-        consumer.set_ready(1000)
-        done = 0
-        while done < n:
-            got, sink.got = sink.got, []
-            for m in got:
-                finish(consumer, m.id)  # each FIN refills the window by one
-            done += len(got)
-            if not got:
-                break
-
-    return cpu_us_per(n, run)
-
-
-async def deliver_ack_batched(n: int) -> float:
+async def deliver_ack(n: int, *, batched: bool = False) -> float:
+    """`batched`: a batch's FINs with pump=False, then one refill (the NSQ session's way);
+    otherwise each FIN refills the window by one."""
     b = await fresh()
     g = b.group("t", "g")
     b.publish("t", [BODY] * n)
@@ -127,9 +107,13 @@ async def deliver_ack_batched(n: int) -> float:
         done = 0
         while done < n:
             got, sink.got = sink.got, []
-            for m in got:
-                finish(consumer, m.id, pump=False)
-            pump()  # one refill of the window for the whole batch
+            if batched:
+                for m in got:
+                    finish(consumer, m.id, pump=False)
+                pump()
+            else:
+                for m in got:
+                    finish(consumer, m.id)  # each FIN refills the window by one
             done += len(got)
             if not got:
                 break
@@ -142,7 +126,7 @@ async def main(args: argparse.Namespace) -> None:
         ("publish", lambda: publish_one(args.n, 1)),
         ("publish x100", lambda: publish_batch(args.n)),
         ("deliver + ack", lambda: deliver_ack(args.n)),
-        ("deliver + ack, FIN batches", lambda: deliver_ack_batched(args.n)),
+        ("deliver + ack, FIN batches", lambda: deliver_ack(args.n, batched=True)),
         ("fan-out x4", lambda: publish_one(args.n // 4, 4)),
     ]
     print(f"# python {sys.version.split()[0]}, load {os.getloadavg()[0]:.2f}, "
