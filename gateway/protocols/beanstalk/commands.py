@@ -1,5 +1,6 @@
 """The beanstalkd commands that choose, list, inspect and administer tubes and jobs
-(`use`, `watch`, `ignore`, `list-*`, `pause-tube`, `peek*`, `kick*`, `stats*`): a part of
+(`use`, `watch`, `ignore`, `list-*`, `pause-tube`, `peek*`, `kick*`, `stats*`, and
+`delete` of a job a shared store keeps): a part of
 the session kept apart from the put/reserve/delete path it shares state with."""
 
 from __future__ import annotations
@@ -22,6 +23,29 @@ class TubeCommands:
 
     def _consumer(self, tube: str, group: Group | None = None) -> Consumer:
         raise NotImplementedError  # the session's
+
+    def _delete(self, event: ev.Delete) -> bytes:
+        raise NotImplementedError  # the session's
+
+    async def _delete_anywhere(self, event: ev.Delete) -> bytes:
+        """delete with a shared store (Redis) of a job this connection does not hold: here,
+        or ready, deferred or buried in Redis where another gateway left it."""
+        reply = self._delete(event)
+        if reply == bc.DELETED:
+            return reply
+        server = self.server
+        found = await server.find_shared_job(event.id)
+        if found is None or found.state == "reserved" or found.left is None:
+            return bc.NOT_FOUND  # gone, held by a worker, or here and no longer deletable
+        group = found.group
+        if group is None:  # in the backlog: the tube's new group adopts the backlog
+            group = server.group(found.message.topic, create=True)
+        if group is None or not await server.broker.delete_stored(group, event.id):
+            return bc.NOT_FOUND
+        tube = group.topic.name
+        server.tube_deletes[tube] += 1
+        server.release_tube(tube)
+        return bc.DELETED
 
     def _use(self, event: ev.Use) -> bytes:
         server = self.server

@@ -172,7 +172,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 if published:
                     await self._commit(start)
                     published = False
-                reply = await _READS_STORE.get(cls, BeanstalkSession._delete_anywhere)(self, event)
+                reply = await _READS_STORE.get(cls, TubeCommands._delete_anywhere)(self, event)
                 self._errors_in_a_row = 0
                 # a write is committed before its reply, like a put
                 published = cls is ev.Delete and reply == bc.DELETED
@@ -402,26 +402,6 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         else:
             found.topic.delete_backlog(event.id)
         tube = found.message.topic
-        server.tube_deletes[tube] += 1
-        server.release_tube(tube)
-        return bc.DELETED
-
-    async def _delete_anywhere(self, event: ev.Delete) -> bytes:
-        """delete with a shared store (Redis) of a job this connection does not hold: here,
-        or ready, deferred or buried in Redis where another gateway left it."""
-        reply = self._delete(event)
-        if reply == bc.DELETED:
-            return reply
-        server = self.server
-        found = await server.find_shared_job(event.id)
-        if found is None or found.state == "reserved" or found.left is None:
-            return bc.NOT_FOUND  # gone, held by a worker, or here and no longer deletable
-        group = found.group
-        if group is None:  # in the backlog: the tube's new group adopts the backlog
-            group = server.group(found.message.topic, create=True)
-        if group is None or not await server.broker.delete_stored(group, event.id):
-            return bc.NOT_FOUND
-        tube = group.topic.name
         server.tube_deletes[tube] += 1
         server.release_tube(tube)
         return bc.DELETED
