@@ -42,13 +42,14 @@ import random
 import re
 import ssl
 import urllib.parse
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
 import trio
+
+from gateway.protocols.nsq.go_regexp import GoRegexpError, compile_go_regexp
 
 __all__ = ["AuthClient", "AuthFailed", "AuthState", "Authorization", "parse_auth_response"]
 
@@ -258,11 +259,14 @@ def _parse_authorization(value: Any) -> Authorization:
     for permission in permissions:
         if permission not in PERMISSIONS:
             raise AuthFailed(f"unknown permission {permission!r}")
-    return Authorization(
-        topic=_compile_go_regexp(topic),
-        channels=tuple(_compile_go_regexp(c) for c in channels),
-        permissions=frozenset(permissions),
-    )
+    try:
+        return Authorization(
+            topic=compile_go_regexp(topic),
+            channels=tuple(compile_go_regexp(c) for c in channels),
+            permissions=frozenset(permissions),
+        )
+    except GoRegexpError as exc:
+        raise AuthFailed(str(exc)) from None
 
 
 def parse_auth_response(body: bytes, now: float) -> AuthState:
@@ -305,158 +309,6 @@ def parse_auth_response(body: bytes, now: float) -> AuthState:
         ttl=float(ttl),
         expires_at=now + ttl_ns / 1e9,
     )
-
-
-# -- Go RE2 syntax -> Python re -------------------------------------------------------------------
-
-# POSIX classes RE2 accepts inside brackets, as Python set contents (ASCII, like RE2's).
-_POSIX_CLASSES: Final = {
-    "alnum": "0-9A-Za-z",
-    "alpha": "A-Za-z",
-    "ascii": r"\x00-\x7f",
-    "blank": r"\t ",
-    "cntrl": r"\x00-\x1f\x7f",
-    "digit": "0-9",
-    "graph": "!-~",
-    "lower": "a-z",
-    "print": " -~",
-    "punct": r"!-/:-@\[-`{-~",
-    "space": r"\t\n\v\f\r ",
-    "upper": "A-Z",
-    "word": "0-9A-Za-z_",
-    "xdigit": "0-9A-Fa-f",
-}
-# Escapes Python accepts but RE2 rejects: \Z (RE2 spells it \z), \uXXXX, \UXXXXXXXX, \N{...}.
-_PYTHON_ONLY_ESCAPES: Final = frozenset("ZuUN")
-_OCTAL: Final = frozenset("01234567")
-_NONZERO_DIGITS: Final = frozenset("123456789")
-_REPEAT: Final = re.compile(r"\{([0-9]+)(?:,([0-9]*))?\}")
-_FLAG_GROUP: Final = re.compile(r"\(\?([A-Za-z]*)(?:-([A-Za-z]*))?([:)])")
-
-
-def _invalid_regexp(pattern: str, why: str) -> AuthFailed:
-    return AuthFailed(f"unable to compile {pattern!r}: {why}")
-
-
-def _translate_class(pattern: str, start: int) -> tuple[str, int]:
-    """Translate the bracket expression at ``pattern[start] == "["``; return it and its end."""
-    out = ["["]
-    i = start + 1
-    if pattern.startswith("^", i):
-        out.append("^")
-        i += 1
-    if pattern.startswith("]", i):  # a leading ] is a literal in both syntaxes
-        out.append(r"\]")
-        i += 1
-    while i < len(pattern) and pattern[i] != "]":
-        if pattern[i] == "\\":
-            esc = pattern[i + 1 : i + 2]
-            # Python reads [\b] as backspace and [\1] as \x01; RE2 rejects both.
-            if esc in _PYTHON_ONLY_ESCAPES or esc == "b":
-                raise _invalid_regexp(pattern, f"escape \\{esc} in a class")
-            if esc in _NONZERO_DIGITS and pattern[i + 2 : i + 3] not in _OCTAL:
-                raise _invalid_regexp(pattern, f"escape \\{esc} in a class")
-            out.append(pattern[i : i + 2])
-            i += 2
-        elif pattern.startswith("[:", i) and (end := pattern.find(":]", i + 2)) >= 0:
-            # RE2 treats any "[:...:]" as a named class and rejects unknown names.
-            ranges = _POSIX_CLASSES.get(pattern[i + 2 : end])
-            if ranges is None:  # includes negated [:^name:], which a Python set cannot hold
-                raise _invalid_regexp(pattern, f"class {pattern[i : end + 2]}")
-            out.append(ranges)
-            i = end + 2
-        elif pattern[i] == "[":
-            out.append(r"\[")  # a literal in both; escaped so Python does not see a nested set
-            i += 1
-        else:
-            out.append(pattern[i])
-            i += 1
-    if i < len(pattern):
-        out.append("]")
-        i += 1
-    return "".join(out), i
-
-
-def _translate_group_start(pattern: str, start: int) -> tuple[str, int]:
-    """Translate the ``(?`` construct at ``start``; return it and where the scan continues."""
-    for prefix in ("(?:", "(?P<"):
-        if pattern.startswith(prefix, start):
-            return prefix, start + len(prefix)
-    m = _FLAG_GROUP.match(pattern, start)
-    if m is None:  # lookaround, atomic, conditional, comment, (?P=name): all Python-only
-        raise _invalid_regexp(pattern, "unsupported group syntax")
-    on, off, end = m.group(1), m.group(2) or "", m.group(3)
-    if not set(on + off) <= set("imsU"):
-        raise _invalid_regexp(pattern, "unsupported flag")
-    # U (ungreedy) cannot change whether a search matches, and Python has no such flag.
-    on, off = on.replace("U", ""), off.replace("U", "")
-    flags = on + ("-" + off if off else "")
-    if not flags:
-        return ("(?:" if end == ":" else "(?:)"), m.end()
-    return f"(?{flags}{end}", m.end()
-
-
-def _translate_go_regexp(pattern: str) -> str:
-    """Rewrite RE2 syntax for Python's re, raising AuthFailed where the two disagree."""
-    out: list[str] = []
-    i = 0
-    after_quantifier = False
-    while i < len(pattern):
-        c = pattern[i]
-        quantifier = False
-        if c == "\\":
-            esc = pattern[i + 1 : i + 2]
-            if esc in _PYTHON_ONLY_ESCAPES:
-                raise _invalid_regexp(pattern, f"escape \\{esc}")
-            digits = pattern[i + 2 : i + 4]
-            octal = esc in _OCTAL and len(digits) == 2 and set(digits) <= _OCTAL
-            if esc in _NONZERO_DIGITS and not octal:
-                # Python takes \1 or \12 as a backreference; RE2 has none (\123 is octal in both).
-                raise _invalid_regexp(pattern, "backreference")
-            out.append(r"\Z" if esc == "z" else pattern[i : i + 2])  # RE2's \z is Python's \Z
-            i += 2
-        elif c == "[":
-            text, i = _translate_class(pattern, i)
-            out.append(text)
-        elif c == "(" and pattern.startswith("(?", i):
-            text, i = _translate_group_start(pattern, i)
-            out.append(text)
-        elif c in "*+?":
-            if c == "+" and after_quantifier:
-                raise _invalid_regexp(pattern, "possessive quantifier")
-            quantifier = not after_quantifier  # a ? after a quantifier only makes it lazy
-            out.append(c)
-            i += 1
-        elif c == "{":
-            m = _REPEAT.match(pattern, i)
-            numbers = [g for g in m.groups() if g] if m else []
-            if m is None or any(len(n) > 1 and n[0] == "0" for n in numbers):
-                # RE2 takes "{" literally unless a well-formed {n}, {n,} or {n,m} follows (no
-                # leading zeros). Python also repeats {,m} and {01}, so escape it.
-                out.append(r"\{")
-                i += 1
-            else:
-                if any(int(n) > 1000 for n in numbers):
-                    raise _invalid_regexp(pattern, "repeat count above 1000")
-                out.append(m.group(0))
-                i = m.end()
-                quantifier = True
-        else:
-            out.append(c)
-            i += 1
-        after_quantifier = quantifier
-    return "".join(out)
-
-
-def _compile_go_regexp(pattern: str) -> re.Pattern[str]:
-    translated = _translate_go_regexp(pattern)
-    try:
-        # re.ASCII: RE2's \d, \w, \s and \b are ASCII-only.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # "possible set operation" notes
-            return re.compile(translated, re.ASCII)
-    except (re.error, OverflowError, RecursionError) as exc:
-        raise _invalid_regexp(pattern, str(exc)) from None
 
 
 # -- encoding like Go's encoding/json -------------------------------------------------------------
