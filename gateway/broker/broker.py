@@ -190,6 +190,12 @@ class Broker:
         StoreError when the store cannot write (the publish must then be refused)."""
         await self.store.flush()
 
+    @property
+    def flush_waits(self) -> bool:
+        """Whether `flush()` waits for a disk or a server (not so for the memory store):
+        a session then does well to commit more publishes at once."""
+        return self.store.durable or self.store.shares
+
     async def kick(self, group: Group, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
         deferred ones; how many. A shared store's are kicked in Redis, whichever gateway
