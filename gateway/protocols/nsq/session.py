@@ -103,6 +103,7 @@ class NSQSession(Handshake, QueuedWriter):
         self._fd = socket_fd(stream)
         self._holding = False  # a command batch is running: it writes when it is done
         self._flush_waits = server.broker.flush_waits  # see _read_more
+        self._auth_on = server.auth is not None
         # Deadlines, enforced by the _timers task rather than a cancel scope per read or
         # write (entering and leaving scopes was a fifth of a PUB round trip).
         self._next_heartbeat = 0.0
@@ -215,7 +216,7 @@ class NSQSession(Handshake, QueuedWriter):
                     break
                 event = codec.next_event()
                 if event is None:
-                    if published and self._read_more():
+                    if published and self._flush_waits and self._read_more():
                         continue  # more input is here already: the same commit takes it
                     break
                 got_command = True
@@ -225,7 +226,8 @@ class NSQSession(Handshake, QueuedWriter):
                 elif cls is ev.Fin:
                     self._fins([event.msg_id])  # type: ignore[union-attr]
                 elif cls is ev.Pub:
-                    await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
+                    if self._auth_on:  # no coroutine per publish when auth is off
+                        await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
                     self._publish(event.topic, [event.body])  # type: ignore[union-attr]
                     self._out.append(OK_FRAME)
                     published = True
@@ -237,7 +239,8 @@ class NSQSession(Handshake, QueuedWriter):
                     self._out.append(OK_FRAME)
                     published = True
                 elif cls is ev.MpubStart:
-                    await self._check_auth("MPUB", event.topic, "")  # type: ignore[union-attr]
+                    if self._auth_on:  # no coroutine per publish when auth is off
+                        await self._check_auth("MPUB", event.topic, "")  # type: ignore[union-attr]
                 elif cls is ev.Req:
                     self._req(event)  # type: ignore[arg-type]
                 elif cls is ev.Touch:
@@ -245,7 +248,8 @@ class NSQSession(Handshake, QueuedWriter):
                 elif cls is ev.Nop:
                     pass
                 elif cls is ev.Dpub:
-                    await self._check_auth("DPUB", event.topic, "")  # type: ignore[union-attr]
+                    if self._auth_on:  # no coroutine per publish when auth is off
+                        await self._check_auth("DPUB", event.topic, "")  # type: ignore[union-attr]
                     self._publish(event.topic, [event.body], event.defer_ms / 1000)  # type: ignore[union-attr]
                     self._out.append(OK_FRAME)
                     published = True
@@ -301,7 +305,7 @@ class NSQSession(Handshake, QueuedWriter):
         producer with several MPUBs outstanding (one read holds about three of 20 KB) then
         waits for one commit instead of one per read. Never with the memory store, where a
         commit costs nothing and the read would usually find nothing."""
-        if not self._flush_waits or self._fd is None:
+        if self._fd is None:
             return False
         try:
             data = os.read(self._fd, _RECEIVE_SIZE)
