@@ -1,10 +1,11 @@
 """NATS cluster route protocol, both directions, sans-IO: one route connection's framing.
 
 `RouteCodec` turns the bytes a cluster peer (a nats-server, or another gateway) sends
-on a route into the events of route_events.py; the pure functions at the end build the
-frames we send. No sockets, no clock, no broker. Reading is pull-style (h11): feed bytes
-with `receive_data`, then call `next_event` until it returns None. The same bytes give
-the same events however they are chunked.
+on a route into the events of route_events.py: this module buffers and frames, route_ops.py
+reads each op's arguments, route_frames.py builds the frames we send. No sockets, no
+clock, no broker. Reading is pull-style (h11): feed bytes with `receive_data`, then call
+`next_event` until it returns None. The same bytes give the same events however they are
+chunked.
 
 How the route protocol is framed (see /work/shared/protocols/nats-route.md §1, §7-§9;
 argument rules read from nats-server route.go and parser.go):
@@ -48,8 +49,7 @@ takes it as 1); INFO/CONNECT must be JSON objects (`null` too is an error).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.client_codec import (
@@ -59,12 +59,12 @@ from gateway.protocols.nats.client_codec import (
     MAX_CONTROL_LINE_SIZE,
     PING,
     PONG,
-    _parse_json,
-    _parse_size,
     err,
     info,
 )
 from gateway.protocols.nats.route_frames import connect, hmsg, rmsg, rs_minus, rs_plus
+from gateway.protocols.nats.route_ops import HANDLERS as _HANDLERS
+from gateway.protocols.nats.route_ops import RouteOps, _opt, _queues, _str
 
 __all__ = [
     "ERR_MAX_CONTROL_LINE",
@@ -93,7 +93,6 @@ MAX_ROUTE_PAYLOAD: Final = 64 * 1024 * 1024
 _COMPACT_AT: Final = 65536
 
 _SEP = re.compile(rb"[ \t]")
-_ARGS = re.compile(rb"[^ \t\r]+")
 
 # The usual message lines, whole: upper case, single spaces, CRLF, sizes of 1-9 digits.
 # Whatever these match parses the same in the general path; anything else (a queue
@@ -104,24 +103,12 @@ _FAST_HMSG = re.compile(
 )
 
 
-def _str(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def _opt(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode("utf-8", "surrogateescape")
-
-
-def _queues(raw: list[bytes] | None) -> tuple[str, ...] | None:
-    return None if raw is None else tuple(q.decode("utf-8", "surrogateescape") for q in raw)
-
-
 # A message waiting for its payload: (the op if it is dropped, i.e. "PUB", else None;
 # account, subject, reply, queues, origin; header size, -1 for "no header"; total size).
 _Pending = tuple[str | None, str, str, str | None, tuple[str, ...] | None, str | None, int, int]
 
 
-class RouteCodec:
+class RouteCodec(RouteOps):
     """One route connection's input.
 
     `max_control_line` and `max_payload` are the limits described in the module
@@ -339,185 +326,8 @@ class RouteCodec:
                 payload = view[split:end].tobytes()
         return ev.Msg(account, subject, reply, queues, header, payload, origin)
 
-    # -- ops: handler(self, line without its line end, index where the op name ends) --
 
-    def _rmsg(self, line: bytes, at: int) -> ev.Event | None:
-        args = _ARGS.findall(line, at)
-        n = len(args)
-        if n < 3:
-            return self._fail(None, "processRoutedMsgArgs Parse Error")
-        reply: bytes | None = None
-        queues: list[bytes] | None = None
-        if n == 4:
-            reply = args[2]
-        elif n > 4:
-            marker = args[2]
-            if marker == b"+":
-                reply, queues = args[3], args[4:-1]
-            elif marker == b"|":
-                queues = args[3:-1]
-            else:
-                return self._fail(None, "processRoutedMsgArgs Bad or Missing Reply Indicator")
-        size = _parse_size(args[-1])
-        if size < 0:
-            return self._fail(None, "processRoutedMsgArgs Bad or Missing Size")
-        return self._expect(None, args[0], args[1], reply, queues, None, -1, size)
-
-    def _hmsg(self, line: bytes, at: int) -> ev.Event | None:
-        args = _ARGS.findall(line, at)
-        if len(args) < 4:
-            return self._fail(None, "processRoutedHeaderMsgArgs Parse Error")
-        return self._header_msg(args, None, "processRoutedHeaderMsgArgs")
-
-    def _lmsg(self, line: bytes, at: int) -> ev.Event | None:
-        args = _ARGS.findall(line, at)
-        if len(args) < 5:
-            return self._fail(None, "processRoutedOriginClusterMsgArgs Parse Error")
-        return self._header_msg(args[1:], args[0], "processRoutedOriginClusterMsgArgs")
-
-    def _header_msg(self, args: list[bytes], origin: bytes | None, where: str) -> ev.Event | None:
-        """HMSG arguments, or LMSG's after the origin: 4 or more of them."""
-        n = len(args)
-        reply: bytes | None = None
-        queues: list[bytes] | None = None
-        if n == 5:
-            reply = args[2]
-        elif n > 5:
-            marker = args[2]
-            if marker == b"+":
-                reply, queues = args[3], args[4:-2]
-            elif marker == b"|":
-                queues = args[3:-2]
-            else:
-                return self._fail(None, f"{where} Bad or Missing Reply Indicator")
-        hdr = _parse_size(args[-2])
-        size = _parse_size(args[-1])
-        if hdr < 0:
-            return self._fail(None, f"{where} Bad or Missing Header Size")
-        if size < 0:
-            return self._fail(None, f"{where} Bad or Missing Size")
-        if hdr > size:
-            return self._fail(None, f"{where} Header Size larger then TotalSize")
-        if origin is not None and hdr == 0:
-            hdr = -1  # LMSG always carries a header size; 0 means it has no header block
-        return self._expect(None, args[0], args[1], reply, queues, origin, hdr, size)
-
-    def _rs_plus(self, line: bytes, at: int) -> ev.Event:
-        return self._remote_sub(_ARGS.findall(line, at), None)
-
-    def _ls_plus(self, line: bytes, at: int) -> ev.Event:
-        args = _ARGS.findall(line, at)
-        if len(args) != 3 and len(args) != 5:
-            return self._fail(None, "processRemoteSub Parse Error")
-        return self._remote_sub(args[1:], args[0])
-
-    def _remote_sub(self, args: list[bytes], origin: bytes | None) -> ev.Event:
-        n = len(args)
-        if n == 2:
-            return ev.RemoteSub(_str(args[0]), _str(args[1]), None, None, _opt(origin))
-        if n == 4:
-            weight = _parse_size(args[3])
-            if weight < 0:
-                return self._fail(None, "processRemoteSub Bad Queue Weight")
-            return ev.RemoteSub(_str(args[0]), _str(args[1]), _str(args[2]), weight, _opt(origin))
-        return self._fail(None, "processRemoteSub Parse Error")
-
-    def _rs_minus(self, line: bytes, at: int) -> ev.Event:
-        return self._remote_unsub(_ARGS.findall(line, at), None)
-
-    def _ls_minus(self, line: bytes, at: int) -> ev.Event:
-        args = _ARGS.findall(line, at)
-        # A second separator right after the op is 2.9.10's empty origin; two arguments
-        # are what 2.10+ sends to a peer that did not ask for the origin (no lnocu).
-        if len(args) == 2 or (at + 1 < len(line) and line[at + 1] in b" \t"):
-            return self._remote_unsub(args, None)
-        if len(args) != 3 and len(args) != 4:
-            return self._fail(None, "processRemoteUnsub parse error")
-        return self._remote_unsub(args[1:], args[0])
-
-    def _remote_unsub(self, args: list[bytes], origin: bytes | None) -> ev.Event:
-        n = len(args)
-        if n == 2:
-            return ev.RemoteUnsub(_str(args[0]), _str(args[1]), None, _opt(origin))
-        if n == 3:
-            return ev.RemoteUnsub(_str(args[0]), _str(args[1]), _str(args[2]), _opt(origin))
-        return self._fail(None, "processRemoteUnsub parse error")
-
-    def _json_object(self, line: bytes, at: int) -> dict[str, Any] | None:
-        try:
-            doc = _parse_json(line[at:].strip(b" \t\r"))
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    def _info(self, line: bytes, at: int) -> ev.Event:
-        doc = self._json_object(line, at)
-        if doc is None:
-            return self._fail(None, "INFO is not a JSON object")
-        return ev.Info(doc)
-
-    def _connect(self, line: bytes, at: int) -> ev.Event:
-        doc = self._json_object(line, at)
-        if doc is None:
-            return self._fail(None, "CONNECT is not a JSON object")
-        return ev.Connect(doc)
-
-    def _err(self, line: bytes, at: int) -> ev.Event:
-        text = line[at:].strip(b" \t\r")
-        if len(text) >= 2 and text[0] == 39 and text[-1] == 39:  # '...'
-            text = text[1:-1]
-        # Only ever logged: replace bad UTF-8 rather than carry surrogates into the log.
-        return ev.Err(text.decode("utf-8", "replace"))
-
-    def _ping(self, line: bytes, at: int) -> ev.Event:
-        return ev.Ping()  # nats-server ignores anything after PING/PONG/+OK as well
-
-    def _pong(self, line: bytes, at: int) -> ev.Event:
-        return ev.Pong()
-
-    def _ok(self, line: bytes, at: int) -> ev.Event:
-        return ev.Ok()
-
-    def _sub(self, line: bytes, at: int) -> ev.Event:
-        return ev.Ignored("SUB")
-
-    def _a_plus(self, line: bytes, at: int) -> ev.Event:
-        return ev.Ignored("A+")
-
-    def _a_minus(self, line: bytes, at: int) -> ev.Event:
-        return ev.Ignored("A-")
-
-    def _pub(self, line: bytes, at: int) -> ev.Event | None:
-        args = _ARGS.findall(line, at)
-        if len(args) != 2 and len(args) != 3:
-            return self._fail(None, "processPub Parse Error")
-        size = _parse_size(args[-1])
-        if size < 0:
-            return self._fail(None, "processPub Bad or Missing Size")
-        reply = args[1] if len(args) == 3 else None
-        return self._expect("PUB", b"", args[0], reply, None, None, -1, size)
-
-
-# The ops of a route, by lower-case name. Anything else is an unknown op.
-_HANDLERS: Final[dict[bytes, Callable[[RouteCodec, bytes, int], ev.Event | None]]] = {
-    b"rmsg": RouteCodec._rmsg,
-    b"hmsg": RouteCodec._hmsg,
-    b"lmsg": RouteCodec._lmsg,
-    b"rs+": RouteCodec._rs_plus,
-    b"rs-": RouteCodec._rs_minus,
-    b"ls+": RouteCodec._ls_plus,
-    b"ls-": RouteCodec._ls_minus,
-    b"ping": RouteCodec._ping,
-    b"pong": RouteCodec._pong,
-    b"info": RouteCodec._info,
-    b"connect": RouteCodec._connect,
-    b"+ok": RouteCodec._ok,
-    b"-err": RouteCodec._err,
-    b"sub": RouteCodec._sub,
-    b"pub": RouteCodec._pub,
-    b"a+": RouteCodec._a_plus,
-    b"a-": RouteCodec._a_minus,
-}
+# every prefix of an op name: how soon an unknown op is known to be one
 _OP_PREFIXES: Final = frozenset(name[:i] for name in _HANDLERS for i in range(len(name) + 1))
 _LONGEST_OP: Final = max(map(len, _HANDLERS))
 
