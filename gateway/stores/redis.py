@@ -356,10 +356,13 @@ class RedisStore(SharedReads, Store):
         seq = flights.start(self._recorded, ops)
         replies: tuple[Any, ...] = ()
         error: StoreError | None = None
-        try:
-            replies = await self.link.send(ops if read is None else [*ops, read])
-        except StoreError as exc:
-            error = exc
+        # shielded: a cancelled caller would leave this pipeline unanswered and every
+        # later write waiting on it (the connection's own timeouts bound the wait)
+        with trio.CancelScope(shield=True):
+            try:
+                replies = await self.link.send(ops if read is None else [*ops, read])
+            except StoreError as exc:
+                error = exc
         back = flights.answered(seq, error is None)
         if back:
             self._pending[:0] = back  # kept, in order, for the retry

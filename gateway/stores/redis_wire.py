@@ -147,8 +147,19 @@ class Wire:
                 self._out = []
                 sent = try_write(self._fd, data) if self._fd is not None else 0
                 if sent < len(data):  # the socket is full (or TLS): wait for room
-                    await self._stream.send_all(memoryview(data)[sent:])
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    try:
+                        with trio.fail_after(STREAM_TIMEOUT):
+                            await self._stream.send_all(memoryview(data)[sent:])
+                    except trio.Cancelled as exc:
+                        # half a command on the wire would garble everything after it
+                        self._lost(exc)
+                        raise
+        except (
+            OSError,
+            trio.TooSlowError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ) as exc:
             self._lost(exc)
         finally:
             self._writing = False
