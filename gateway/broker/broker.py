@@ -205,6 +205,11 @@ class Broker:
         kicked = await group.journal.kick(group, bound)
         group.kick_count += kicked
         group.remote_buried_head = None
+        # the shared counts as they now are, until the next refresh reads them
+        if group.remote_buried:
+            group.remote_buried = max(0, group.remote_buried - kicked)
+        else:
+            group.remote_deferred = max(0, group.remote_deferred - kicked)
         return kicked
 
     async def take_stored(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
