@@ -211,13 +211,8 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
         return await stream.receive_some(size)
     streak = _streaks.get(fd, 0)
     if streak != _ANSWERED:
-        try:
-            data = os.read(fd, size)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
-        else:
+        data = try_read(fd, size)
+        if data is not None:
             streak += 1
             if streak < _STREAK_YIELD and len(data) < size >> 1:
                 _streaks[fd] = streak
@@ -231,12 +226,20 @@ async def receive(stream: trio.abc.Stream, fd: int | None, size: int) -> bytes:
     _streaks[fd] = 0
     while True:
         await trio.lowlevel.wait_readable(fd)
-        try:
-            return os.read(fd, size)
-        except BlockingIOError:
-            continue
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+        data = try_read(fd, size)
+        if data is not None:
+            return data
+
+
+def try_read(fd: int, size: int) -> bytes | None:
+    """One non-blocking read straight from the socket: None when nothing is there yet
+    (b"" when the peer closed)."""
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
 
 
 # Byte counters go to Prometheus in steps of this (and at close, and before a scrape), not
@@ -278,6 +281,11 @@ class Buffered:
     share: int
     total: int = 0
 
+    @classmethod
+    def unbounded(cls) -> Buffered:
+        """One connection's own account, for a protocol that sets no listener-wide bound."""
+        return cls(limit=1 << 62, share=1 << 62)
+
 
 # The most one write joins: output queued faster than the client reads (RDY x a large
 # message size) is sent in pieces of about this much, not copied into one buffer at once.
@@ -314,9 +322,9 @@ class QueuedWriter:
     _fd: int | None
     _out: list[bytes]
     _pending: int  # bytes queued, for the session's slow-consumer bound
-    # the same bytes, counted with every other connection's of its listener; a session
-    # whose protocol sets no such bound shares this uncounted one
-    _buffered: Buffered = Buffered(limit=1 << 62, share=1 << 62)
+    # the same bytes, counted with every other connection's of its listener (a session
+    # whose protocol sets no such bound has its own, Buffered.unbounded())
+    _buffered: Buffered
     _sending: bool
     _wake: trio.Event
     _cancel: trio.CancelScope

@@ -30,7 +30,7 @@ from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.client_session import encode_headers
 from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription
-from gateway.tcp import QueuedWriter, receive, socket_fd
+from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.cluster import Cluster
@@ -95,6 +95,7 @@ class RouteSession(QueuedWriter):
         self._fd = socket_fd(stream)
         self._out: list[bytes] = []
         self._pending = 0
+        self._buffered = Buffered.unbounded()  # no listener-wide bound
         self._sending = False
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from gateway.protocols.nsq.handshake import Handshake, _Close
 from gateway.protocols.nsq.names import is_ephemeral
 from gateway.protocols.nsq.server import NSQServer
 from gateway.stores.base import StoreError
-from gateway.tcp import ByteCount, QueuedWriter, Turn, receive, socket_fd
+from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd, try_read
 
 log = logging.getLogger("gateway.nsq")
 
@@ -96,6 +95,7 @@ class NSQSession(Handshake, QueuedWriter):
         # max_output_bytes)
         self._out: list[bytes] = []
         self._pending = 0
+        self._buffered = Buffered.unbounded()  # no listener-wide bound
         self._wake = trio.Event()
         self._encode: Callable[[bytes], bytes] | None = None
         self._sending = False
@@ -307,12 +307,9 @@ class NSQSession(Handshake, QueuedWriter):
         commit costs nothing and the read would usually find nothing."""
         if self._fd is None:
             return False
-        try:
-            data = os.read(self._fd, _RECEIVE_SIZE)
-        except OSError:  # nothing there (BlockingIOError), or the next receive tells
-            return False
+        data = try_read(self._fd, _RECEIVE_SIZE)
         if not data:
-            return False  # closed: the next receive sees it too
+            return False  # nothing there, or closed (the next receive sees it too)
         self._bytes_in.inc(len(data))
         try:
             self.codec.receive_data(data)

@@ -34,7 +34,7 @@ from gateway.protocols.rocketmq.mapping import valid_topic
 from gateway.protocols.rocketmq.produce import PendingSend, ProduceRequests
 from gateway.protocols.rocketmq.server import RocketMQServer
 from gateway.stores.base import StoreError
-from gateway.tcp import QueuedWriter, receive, socket_fd
+from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
 
 log = logging.getLogger("gateway.rocketmq")
 
@@ -59,6 +59,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         self._fd = socket_fd(stream)
         self._out: list[bytes] = []
         self._pending = 0
+        self._buffered = Buffered.unbounded()  # no listener-wide bound
         self._sending = False
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
