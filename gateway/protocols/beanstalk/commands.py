@@ -153,8 +153,7 @@ class TubeCommands:
         if group is None:
             return bc.NOT_FOUND
         if found.left is not None:  # found in a shared store: kicked there
-            group.kick_stored(found.message, buried=found.state == "buried")
-            await self.server.broker.flush()
+            group.kick_stored(found.message, buried=found.state == "buried")  # committed
         elif not group.kick_message(event.id):
             return bc.NOT_FOUND
         return bc.KICKED

@@ -26,7 +26,7 @@ from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk.commands import TubeCommands
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
 from gateway.stores.base import StoreError
-from gateway.tcp import ByteCount, QueuedWriter, Turn, receive, socket_fd
+from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd
 
 log = logging.getLogger("gateway.beanstalk")
 
@@ -61,6 +61,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         # output: tcp.QueuedWriter's
         self._out: list[bytes] = []
         self._pending = 0
+        self._buffered = Buffered.unbounded()  # no listener-wide bound
         self._sending = False
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
@@ -175,7 +176,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 reply = await _READS_STORE.get(cls, TubeCommands._delete_anywhere)(self, event)
                 self._errors_in_a_row = 0
                 # a write is committed before its reply, like a put
-                published = cls is ev.Delete and reply == bc.DELETED
+                published = self.server.shared and reply.startswith(_STORE_WRITES)
                 out = self._out  # what came before may have been sent meanwhile
                 start = len(out)
             elif cls is ev.Quit:
@@ -215,13 +216,15 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
 
     async def _commit(self, start: int) -> None:
         """Flush the store; if it cannot write, every INSERTED since `start` becomes
-        INTERNAL_ERROR, beanstalkd's reply when its binlog write fails."""
+        INTERNAL_ERROR, beanstalkd's reply when its binlog write fails (with a shared
+        store, so does every other write committed before its reply)."""
         try:
             await self.server.broker.flush()
         except StoreError:
             out = self._out
+            failed = _SHARED_WRITES if self.server.shared else (b"INSERTED",)
             for i in range(start, len(out)):
-                if out[i].startswith(b"INSERTED"):
+                if out[i].startswith(failed):
                     out[i] = bc.INTERNAL_ERROR
                     self._metrics.protocol_error("beanstalk", b"INTERNAL_ERROR")
 
@@ -472,6 +475,10 @@ _READS_STORE: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = 
 # with a shared store (Redis) these are committed before their reply, like a put, so
 # that what a client was told holds for a client of any other gateway at once
 _WRITES_STORE = frozenset({ev.Delete, ev.Release, ev.Bury, ev.Touch, ev.PauseTube})
+# ... and so are these answers of the commands that may ask a shared store
+_STORE_WRITES = (bc.DELETED, bc.KICKED, b"RESERVED")
+# what a failed commit turns into INTERNAL_ERROR with a shared store
+_SHARED_WRITES = (b"INSERTED", b"DELETED", b"RELEASED", b"BURIED", b"TOUCHED", b"PAUSED", b"KICKED")
 
 _HANDLERS = {
     ev.Use: BeanstalkSession._use,
