@@ -41,9 +41,10 @@ _ID, _BODY, _ORIGIN, _TIMESTAMP = (attrgetter(a) for a in ("id", "body", "origin
 
 # one buffered event: (event, time_ns, message, topic, group, sink, attempts, priority)
 Row = tuple[str, int, Message, str, str, Any, int, int]
-# one publish's `published` events: (time_ns, messages, topic, attempts, priority, the
-# bodies end to end, their sizes)
-Batch = tuple[int, list[Message], str, int, int, bytes, list[int]]
+# one publish's `published` events: (time_ns, how many, topic, attempts, priority, the
+# bodies end to end, their sizes, the first message's id, origin and publish time; the
+# ids of one publish are consecutive)
+Batch = tuple[int, int, str, int, int, bytes, tuple[int, ...], int, str, int]
 Entry = Row | Batch
 # Parquet settings: dictionaries for the columns that repeat (protocols, topics, peers),
 # none for the body, which rarely repeats; no min/max statistics of bodies either.
@@ -104,16 +105,15 @@ def _published_table(batches: list[Batch], body: str | int) -> pa.Table:
     """A run of publishes, column at a time: every column but the body comes from each
     publish's first message and its count (numpy repeats, no pass over the messages);
     the bodies are the publishes' copies joined, with offsets from their sizes."""
-    times, groups, topics, attempts, priorities, blobs, sizes = zip(*batches, strict=True)
-    firsts = [m[0] for m in groups]
-    counts = np.fromiter(map(len, groups), np.int64, len(groups))
+    times, ns, topics, attempts, priorities, blobs, sizes, first_ids, origins_, published = zip(
+        *batches, strict=True
+    )
+    counts = np.array(ns, np.int64)
     n = int(counts.sum())
     # ids: each publish's first id, then consecutive
     starts = np.cumsum(counts) - counts
-    ids = np.arange(n, dtype=np.int64) + np.repeat(
-        np.fromiter(map(_ID, firsts), np.int64, len(firsts)) - starts, counts
-    )
-    origins = [o.partition(" ") for o in map(_ORIGIN, firsts)]
+    ids = np.arange(n, dtype=np.int64) + np.repeat(np.array(first_ids, np.int64) - starts, counts)
+    origins = [o.partition(" ") for o in origins_]
     lengths = np.fromiter(chain.from_iterable(sizes), np.int64, n)
     if body == "none":
         bodies = pa.nulls(n, type=_BODIES)
@@ -138,7 +138,7 @@ def _published_table(batches: list[Batch], body: str | int) -> pa.Table:
         lengths,
         np.repeat(np.array(attempts, np.int32), counts),
         np.repeat(np.array(priorities, np.int64), counts),
-        np.repeat(np.fromiter(map(_TIMESTAMP, firsts), np.int64, len(firsts)), counts),
+        np.repeat(np.array(published, np.int64), counts),
         bodies,
     ]
     return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
@@ -189,20 +189,27 @@ def _repeat_strings(values: list[str] | tuple[str, ...], counts: np.ndarray, n: 
     return pa.DictionaryArray.from_arrays(indices, pa.array(distinct, pa.string()))
 
 
+def events_in(entry: Entry) -> int:
+    """How many events one buffered entry holds."""
+    return 1 if len(entry) == 8 else entry[1]  # type: ignore[return-value]
+
+
 def split(entries: list[Entry], rows: int) -> tuple[list[Entry], list[Entry]]:
     """The first `rows` events of `entries`, and the rest (a publish cut where needed)."""
     head: list[Entry] = []
     for i, entry in enumerate(entries):
-        n = 1 if len(entry) == 8 else len(entry[1])
+        n = events_in(entry)
         if n <= rows:
             head.append(entry)
             rows -= n
             if rows == 0:
                 return head, entries[i + 1 :]
             continue
-        t, msgs, topic, attempts, priority, blob, sizes = entry  # type: ignore[misc]
+        t, _, topic, attempts, priority, blob, sizes, first, origin, published = entry  # type: ignore[misc]
         cut = sum(sizes[:rows]) if blob else 0
-        head.append((t, msgs[:rows], topic, attempts, priority, blob[:cut], sizes[:rows]))
-        rest = (t, msgs[rows:], topic, attempts, priority, blob[cut:], sizes[rows:])
-        return head, [rest, *entries[i + 1 :]]
+        head.append(
+            (t, rows, topic, attempts, priority, blob[:cut], sizes[:rows], first, origin, published)
+        )
+        rest = (t, n - rows, topic, attempts, priority, blob[cut:], sizes[rows:], first + rows)
+        return head, [(*rest, origin, published), *entries[i + 1 :]]
     return head, []

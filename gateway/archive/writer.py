@@ -33,7 +33,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gateway.archive.tables import DICTIONARY_COLUMNS, FILE_SCHEMA, SCHEMA, Entry, split, table
+from gateway.archive.tables import (
+    DICTIONARY_COLUMNS,
+    FILE_SCHEMA,
+    SCHEMA,
+    Entry,
+    events_in,
+    split,
+    table,
+)
 from gateway.model import Message
 
 log = logging.getLogger("gateway.archive")
@@ -85,28 +93,34 @@ class Recorder:
         raw = list(map(_BODY, msgs)) if bodies is None else bodies
         archive = self._archive
         room = self._limit - (archive.queued - archive.taken)
-        if room < len(msgs):
-            archive.dropped += len(msgs) - max(room, 0)
+        n = len(msgs)
+        if room < n:
+            archive.dropped += n - max(room, 0)
             if room <= 0:
                 return
-            msgs = msgs[:room]
+            n = room
             raw = raw[:room]
         blob = b"" if archive.body == "none" else b"".join(raw)
         # attempts and priority as they are now (a release may change them before the
-        # writer runs); one publish shares them
+        # writer runs); one publish shares them. Scalars and a tuple of ints, not the
+        # messages: the entry holds no reference the cyclic GC has to walk again and
+        # again while it waits (a tuple of ints is left out of GC passes after the first)
         first = msgs[0]
         self._buffer.append(
             (
                 time.time_ns(),
-                msgs,
+                n,
                 self.topic,
                 first.attempts,
                 first.priority,
                 blob,
-                list(map(len, raw)),
+                tuple(map(len, raw)),
+                first.id,
+                first.origin,
+                first.timestamp,
             )
         )
-        archive.queued += len(msgs)
+        archive.queued += n
         # a row group's worth waits: wake the writer, once (set() takes a lock and
         # notifies; until the writer runs, every publish would do it again)
         if archive.queued - archive.taken >= ROW_GROUP_ROWS and not archive._wake.is_set():
@@ -252,7 +266,7 @@ class Archive:
             buffer = self._buffer
             while buffer:
                 entry = buffer.popleft()
-                n = 1 if len(entry) == 8 else len(entry[1])
+                n = events_in(entry)
                 self.taken += n
                 pending.append(entry)
                 count += n
@@ -307,7 +321,7 @@ class Archive:
             if segment.size() >= self.segment_bytes:
                 self._close_segment()
         except Exception as exc:  # the writer must outlive any one bad batch
-            rows = sum(1 if len(e) == 8 else len(e[1]) for e in entries)
+            rows = sum(map(events_in, entries))
             self.write_errors += 1
             self.failed += rows
             log.error("archive: writing %d events failed: %s", rows, exc)
