@@ -8,7 +8,9 @@ increment, with no lookup and nothing to fold in when the consumer leaves.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
+
+import numpy as np
 
 # indexes into a group's per-protocol count list
 DELIVERED, ACKNOWLEDGED, REQUEUED, TIMED_OUT, BURIED = range(5)
@@ -21,6 +23,9 @@ LATENCY_BUCKETS: Final = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 )  # fmt: skip
 _BOUNDS_NS: Final = tuple(int(b * 1e9) for b in LATENCY_BUCKETS)
+# numpy is imported with this module, at start-up: imported at the first fold, it held
+# the event loop for a tenth of a second in the middle of traffic
+_BOUNDS: Final = np.array(_BOUNDS_NS, dtype=np.int64)
 
 
 def new_counts() -> list[int]:
@@ -55,12 +60,10 @@ class Histogram:
         samples = self.samples
         if not samples:
             return
-        import numpy as np  # not at start-up: only a gateway that acknowledges needs it
-
         values = np.maximum(np.array(samples, dtype=np.int64), 0)  # a clock stepped back
         del samples[:]
         placed = np.bincount(
-            np.searchsorted(_bounds_array(np), values, side="left"), minlength=len(self.buckets)
+            np.searchsorted(_BOUNDS, values, side="left"), minlength=len(self.buckets)
         )
         buckets = self.buckets
         for i, n in enumerate(placed.tolist()):
@@ -91,12 +94,3 @@ class Histogram:
 
 # samples an acknowledgement path lets pile up before it folds them (a few hundred KB)
 FOLD_AT: Final = 4096
-
-
-_BOUNDS: list[Any] = []  # _BOUNDS_NS as a numpy array, made on first use
-
-
-def _bounds_array(np: Any) -> Any:
-    if not _BOUNDS:
-        _BOUNDS.append(np.array(_BOUNDS_NS, dtype=np.int64))
-    return _BOUNDS[0]
