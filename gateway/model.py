@@ -8,6 +8,7 @@ a dataclass with validation would cost several microseconds per message.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 DEFAULT_PRIORITY: Final = 1024  # beanstalkd's conventional default, and the model's
@@ -26,6 +27,19 @@ class JobStats:
         self.buries = 0
         self.kicks = 0
         self.delay = 0  # seconds of the last publish or release delay
+
+
+class Publish(list["Message"]):
+    """The messages of one publish as Broker.publish makes them: ids consecutive from the
+    first, every field but the body (and a delay's job stats) shared. A store may take
+    them as one batch without comparing them one by one; `bodies` are theirs, in order.
+    A plain list of messages carries no such promise."""
+
+    __slots__ = ("bodies",)
+
+    def __init__(self, messages: Iterable[Message], bodies: Sequence[bytes]) -> None:
+        super().__init__(messages)
+        self.bodies = bodies
 
 
 class Message:

@@ -22,7 +22,7 @@ from gateway.broker.journal import Journal, from_wall
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
-from gateway.model import DEFAULT_PRIORITY, Message
+from gateway.model import DEFAULT_PRIORITY, Message, Publish
 from gateway.stores.base import Store, StoreError
 
 if TYPE_CHECKING:
@@ -383,11 +383,15 @@ class Broker:
                         reply_to, origin)
             ]  # fmt: skip
         else:
-            msgs = [
-                Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr, reply_to,
-                        origin)
-                for i, body in enumerate(bodies, first)
-            ]  # fmt: skip
+            # marked as one publish: a store packs them as one batch without checking
+            msgs = Publish(
+                [
+                    Message(i, topic, body, ts, headers, 0, priority, deliver_at, ttr,
+                            reply_to, origin)
+                    for i, body in enumerate(bodies, first)
+                ],
+                bodies,
+            )  # fmt: skip
         if delay > 0:
             for m in msgs:
                 m.job_stats().delay = int(delay)

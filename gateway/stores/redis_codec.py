@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from operator import attrgetter, countOf
 
-from gateway.model import Message
+from gateway.model import Message, Publish
 
 PREFIX = "gw:"
 IDS_KEY = PREFIX + "ids"  # the id counter every gateway takes blocks from (INCRBY)
@@ -58,6 +58,8 @@ def batches(messages: Sequence[Message]) -> list[Sequence[Message]]:
     consecutive ids sharing priority, attempts and every field packed once. A publish
     is one run; the check is a few C-level passes, not a loop per message."""
     n = len(messages)
+    if n == 1 or type(messages) is Publish:  # one by definition, or by Broker.publish
+        return [messages]
     m0 = messages[0]
     if (
         list(map(_ID, messages)) == list(range(m0.id, m0.id + n))
@@ -81,7 +83,7 @@ def pack_batch(messages: Sequence[Message]) -> bytes:
     """One batch (a run from `batches`): the shared fields once (`meta`), the count, the
     count + 1 offsets of the bodies (little-endian u32, the library slices with them),
     then the bodies end to end. Joined in C; no per-message Python work beyond `len`."""
-    bodies = list(map(_BODY, messages))
+    bodies = messages.bodies if type(messages) is Publish else list(map(_BODY, messages))
     offsets = array("I", accumulate(map(len, bodies), initial=0))
     if sys.byteorder != "little":
         offsets.byteswap()
