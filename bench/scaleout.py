@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--only", default="mpub,sub,latency")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of every setup, interleaved; medians"
+    )
     args = parser.parse_args(argv)
     workloads = args.only.split(",")
     results: list[Figures] = []
@@ -275,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         redis, port = start_redis(tmp)
         url = f"redis://127.0.0.1:{port}/0"
         setups = [("memory", ["memory://"]), ("redis", [url]), ("redis x2", [url, url])]
+        rounds = [(r, name, stores) for r in range(args.repeat) for name, stores in setups]
         try:
-            for name, stores in setups:
+            for round_, name, stores in rounds:
                 gws = [start_gateway(s, tmp / f"{name}-{i}") for i, s in enumerate(stores)]
                 try:
                     pids = {f"gw{i}": g.proc.pid for i, g in enumerate(gws) if g.proc}
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                     pub, con = gws[0].addresses["nsq"], gws[-1].addresses["nsq"]
                     with Watchdog(args.timeout) as wd:
                         for w in workloads:
-                            topic = f"{w}-{name.replace(' ', '')}-{time.time_ns()}"
+                            topic = f"{w}-{name.replace(' ', '')}-{round_}-{time.time_ns()}"
                             if w == "mpub":
                                 f = run_mpub(pub, args.n, wd, cpu, topic)
                             elif w == "sub":
@@ -318,7 +323,13 @@ def describe(f: Figures) -> str:
 
 
 def summary(results: list[Figures]) -> str:
-    by = {(f.setup, f.workload): f for f in results}
+    """Medians over the rounds (the run with the median rate, for its CPU shares), and
+    the range where there was more than one round."""
+    runs: dict[tuple[str, str], list[Figures]] = {}
+    for f in results:
+        runs.setdefault((f.setup, f.workload), []).append(f)
+    by = {key: sorted(fs, key=lambda f: f.rate)[(len(fs) - 1) // 2] for key, fs in runs.items()}
+    rounds = max(map(len, runs.values()), default=1)
     rows = []
     for w in ("mpub", "sub"):
         base = by.get(("memory", w))
@@ -326,17 +337,27 @@ def summary(results: list[Figures]) -> str:
             f = by.get((setup, w))
             if f is None:
                 continue
+            rates = [g.rate for g in runs[setup, w]]
             ratio = f"{f.rate / base.rate:.2f}x" if base else "-"
+            spread = f"{si(min(rates))}-{si(max(rates))}" if len(rates) > 1 else "-"
             redis_cpu = f"{f.cpu['redis']:.0%}" if "redis" in f.cpu else "-"
-            rows.append([w, setup, si(f.rate), ratio, redis_cpu])
-    table = format_table(["workload", "setup", "msgs/s", "vs memory", "redis CPU"], rows)
+            rows.append([w, setup, si(f.rate), spread, ratio, redis_cpu])
+    heading = ["workload", "setup", "msgs/s", "range", "vs memory", "redis CPU"]
+    table = format_table(heading, rows)
     lat = []
     for setup in ("memory", "redis", "redis x2"):
-        f = by.get((setup, "latency"))
-        if f is not None:
+        fs = runs.get((setup, "latency"))
+        if fs:
+            f = by[setup, "latency"]
+            p50 = statistics.median(g.p50_ms for g in fs)
+            p99s = [g.p99_ms for g in fs]
+            p99 = f"{statistics.median(p99s):.2f}"
+            if len(fs) > 1:
+                p99 += f" ({min(p99s):.2f}-{max(p99s):.2f})"
             redis_cpu = f"{f.cpu['redis']:.0%}" if "redis" in f.cpu else "-"
-            lat.append([setup, f"{f.rate:.0f}/s", f"{f.p50_ms:.2f}", f"{f.p99_ms:.2f}", redis_cpu])
-    return table + "\n\n" + format_table(["latency", "rate", "p50 ms", "p99 ms", "redis CPU"], lat)
+            lat.append([setup, f"{f.rate:.0f}/s", f"{p50:.2f}", p99, redis_cpu])
+    latency = format_table(["latency", "rate", "p50 ms", "p99 ms", "redis CPU"], lat)
+    return f"medians of {rounds} round(s)\n{table}\n\n{latency}"
 
 
 if __name__ == "__main__":
