@@ -331,6 +331,9 @@ class QueuedWriter:
     _bytes_out: Any  # the counter of its protocol's bytes out (prometheus, or a ByteCount)
     _encode: Callable[[bytes], bytes] | None = None
     _holding = False
+    # frames at the head of `_out` that may leave while the rest waits (NSQ: replies
+    # held until the store commits the publishes they acknowledge); None: all may leave
+    _gate: int | None = None
     _blocked = False  # a send is waiting for the socket now
     _blocked_sends = 0  # sends that had to wait for the socket, and finished
     _idle: trio.Event | None = None  # set when the sender under way is done (_settle)
@@ -354,11 +357,20 @@ class QueuedWriter:
         self._sending = True
         try:
             while self._out:
-                chunks = self._out
-                pending = self._pending
-                self._out = []
+                gate = self._gate
+                if gate is None:
+                    chunks = self._out
+                    pending = self._pending
+                    self._out = []
+                else:
+                    if not gate:
+                        break  # the rest waits for its commit
+                    # a new list, as above: the reading task may hold the old one
+                    chunks, self._out = self._out[:gate], self._out[gate:]
+                    self._gate = 0
+                    pending = min(self._pending, sum(map(len, chunks)))
                 self._buffered.total -= pending
-                self._pending = 0
+                self._pending -= pending
                 if pending <= _WRITE_SIZE:
                     rest = self._write_now(b"".join(chunks))
                     if rest is not None:
@@ -421,7 +433,7 @@ class QueuedWriter:
         socket does not take is left to the writer task."""
         if self._sending or not self._out:
             return
-        if self._fd is None or self._encode is not None or self._holding:
+        if self._fd is None or self._encode is not None or self._holding or self._gate is not None:
             # TLS or a compression stream write from a task; a batch writes at its end
             self._wake.set()
             return

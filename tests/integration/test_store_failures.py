@@ -9,6 +9,7 @@ acknowledged before is harmed, and the gateway recovers by itself once writes su
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,60 @@ async def test_a_commit_that_fails_under_a_batch_acknowledges_none_of_it(tmp_pat
         reply = await bs.call(b"put 0 0 60 1\r\nc\r\n")
         assert reply.startswith(b"INSERTED ")
         await bs.aclose()
+
+
+def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
+    payload = be32(len(bodies)) + b"".join(be32(len(b)) + b for b in bodies)
+    return b"MPUB " + topic + b"\n" + be32(len(payload)) + payload
+
+
+async def test_nsq_batches_whose_commits_overlap_are_answered_in_order(tmp_path: Path) -> None:
+    """A store whose flush waits: batches of publishes are read while earlier commits are
+    under way (nsq/commits.py). Every publish is answered OK once stored, in order, and a
+    client that closes its sending side right after still gets every answer."""
+    async with sqlite_gateway(tmp_path) as gw:
+        store = gw.store
+        assert isinstance(store, SQLiteStore)
+        write = store._write
+
+        def slow_write(ops: list[tuple[Any, ...]]) -> None:
+            time.sleep(0.02)  # a slow disk, in the store's writer thread
+            write(ops)
+
+        store._write = slow_write  # type: ignore[method-assign]
+        nsq = await RawNSQ.connect(gw)
+        sent = 0
+        for i in range(40):
+            bodies = [b"m%d-%d" % (i, k) for k in range(25)]
+            # one command per send: the gateway reads them as many batches
+            await nsq.send(mpub(b"overlap", bodies) + b"PUB overlap\n" + be32(4) + b"last")
+            sent += len(bodies) + 1
+        await nsq.stream.send_eof()
+        frames = []
+        with trio.fail_after(20):
+            while True:
+                try:
+                    frames.append(await nsq.frame())
+                except EOFError:
+                    break
+        assert frames == [(0, b"OK")] * 80
+        topic = gw.broker.topic("overlap", create=False)
+        assert topic is not None and topic.message_count == sent
+        await nsq.aclose()
+
+
+async def test_no_ok_leaves_after_a_failed_commit_of_overlapping_batches(tmp_path: Path) -> None:
+    async with sqlite_gateway(tmp_path) as gw:
+        store = gw.store
+        assert isinstance(store, SQLiteStore)
+        disk = Disk(store)
+        nsq = await RawNSQ.connect(gw)
+        await nsq.send(mpub(b"failing", [b"stored"]))
+        assert await nsq.frame() == (0, b"OK")
+        disk.full = True
+        # one write: the gateway may close before a later write of the client's
+        await nsq.send(b"".join(mpub(b"failing", [b"x%d" % i] * 500) for i in range(10)))
+        frame_type, data = await nsq.frame(timeout=10)
+        assert (frame_type, data.split(b" ")[0]) == (1, b"E_PUB_FAILED")
+        assert await nsq.closed(timeout=10)
+        disk.full = False

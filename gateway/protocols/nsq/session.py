@@ -33,6 +33,7 @@ from gateway.protocols.nsq.codec import (
     error_frame,
     message_header,
 )
+from gateway.protocols.nsq.commits import AHEAD, Commits
 from gateway.protocols.nsq.compression import CompressionError
 from gateway.protocols.nsq.handshake import Handshake, _Close
 from gateway.protocols.nsq.names import is_ephemeral
@@ -102,7 +103,9 @@ class NSQSession(Handshake, QueuedWriter):
         # Plain TCP: reads and writes straight on the descriptor. None once TLS wraps it.
         self._fd = socket_fd(stream)
         self._holding = False  # a command batch is running: it writes when it is done
-        self._flush_waits = server.broker.flush_waits  # see _read_more
+        self._flush_waits = server.broker.flush_waits  # see _read_more and commits.py
+        self._commits = Commits(self)
+        self._nursery: trio.Nursery | None = None  # the commits' tasks run in it
         self._auth_on = server.auth is not None
         # Deadlines, enforced by the _timers task rather than a cancel scope per read or
         # write (entering and leaving scopes was a fifth of a PUB round trip).
@@ -125,6 +128,7 @@ class NSQSession(Handshake, QueuedWriter):
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
+                self._nursery = nursery
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._timers)
                 await self._reader()
@@ -158,11 +162,16 @@ class NSQSession(Handshake, QueuedWriter):
         max_output = self.server.max_output_bytes
         try:
             while True:
+                if self._commits.pending >= AHEAD:
+                    await self._commits.wait(AHEAD - 1)  # commits.py: so many ahead at most
                 if self._pending > max_output:
                     # the client does not read: stop reading its commands until it does
                     await self._flush_all()
                 data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
                 if not data:
+                    # the client closed its side: what it published is still answered
+                    await self._commits.wait()
+                    await self._flush_all()
                     return
                 bytes_in.inc(len(data))
                 try:
@@ -172,6 +181,8 @@ class NSQSession(Handshake, QueuedWriter):
                 while await self._process():
                     # its turn is over (Turn): everyone else runs before the rest
                     await self._turn.pause()
+                    if self._commits.pending >= AHEAD:
+                        await self._commits.wait(AHEAD - 1)
         except _Close as close:
             if close.frame is not None:
                 self._metrics.protocol_error("nsq", close.frame[8:])
@@ -179,6 +190,7 @@ class NSQSession(Handshake, QueuedWriter):
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
                 # the peer may be gone before it could read why
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._commits.wait()  # earlier publishes' replies go first
                     await self._flush_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
@@ -260,8 +272,10 @@ class NSQSession(Handshake, QueuedWriter):
                         self.consumer.set_ready(0)
                     self._out.append(CLOSE_WAIT_FRAME)
                 elif cls is ev.Identify:
+                    await self._commits.wait()  # the framing may change: earlier bytes first
                     await self._identify(event)  # type: ignore[arg-type]
                 elif cls is ev.Auth:
+                    await self._commits.wait()
                     await self._auth(event)  # type: ignore[arg-type]
                 elif cls is ev.ProtocolError:
                     raise _Close(event.frame)  # type: ignore[union-attr]
@@ -271,7 +285,13 @@ class NSQSession(Handshake, QueuedWriter):
             )
             if self.group is not None and got_command:
                 self.group.pump()  # refill the window once for the whole batch of FINs
-            if published:
+            if published and self._flush_waits and self._nursery is not None:
+                # the commit runs while the next batch is read (commits.py); this
+                # batch's frames wait for it
+                self._commits.hold(
+                    self._nursery, len(out) - start if self._out is out else len(self._out)
+                )
+            elif published:
                 # Group commit: one store flush acknowledges every publish of this batch.
                 try:
                     await self.server.broker.flush()
