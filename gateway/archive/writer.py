@@ -38,6 +38,7 @@ from gateway.archive.tables import (
     FILE_SCHEMA,
     SCHEMA,
     Entry,
+    Scratch,
     events_in,
     split,
     table,
@@ -204,6 +205,7 @@ class Archive:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._segment: _Segment | None = None
+        self._scratch = Scratch()  # the writer thread's buffer for a row group's bodies
         self._seq = 0
         self._flush_lock = threading.Condition()
         self._flush_asked = 0
@@ -306,7 +308,7 @@ class Archive:
 
     def _write_day(self, day: int, entries: list[Entry]) -> None:
         try:
-            events = table(entries, self.body)
+            events = table(entries, self.body, self._scratch)
             segment = self._segment
             if segment is not None and segment.day != day:
                 self._close_segment()

@@ -324,3 +324,26 @@ def test_a_run_of_publishes_keeps_each_message_id_and_publish_facts(tmp_path: Pa
         (21, "audit", "beanstalk", "10.0.0.2:1", 0, 6, 11),
         (30, "orders", "nsq", "1.2.3.4:9", 7, 1_700_000_000_000_000_030, 0),
     ]
+
+
+def test_bodies_of_publishes_around_other_events_in_one_table_stay_their_own() -> None:
+    """The writer's body buffer is reused from table to table (tables.Scratch): runs of
+    publishes within one table each get their own part of it, and a table too big to
+    keep gets a buffer of its own."""
+    from gateway.archive.tables import Scratch, table
+
+    a = Archive("/nonexistent")  # never started: entries are taken from its buffer
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(i, body=b"first-%d" % i) for i in range(1, 4)])
+    rec.record(events.DELIVERED, message(1, body=b"first-1"), "g", Sink())
+    rec.published([message(i, body=b"second-%d" % i) for i in range(4, 6)])
+    entries = list(a._buffer)
+    scratch = Scratch()
+    rows = table(entries, "full", scratch).column("body").to_pylist()
+    expected = [b"first-1", b"first-2", b"first-3", b"first-1", b"second-4", b"second-5"]
+    assert rows == expected
+    assert table(entries[:1], "full", scratch).column("body").to_pylist() == expected[:3]
+    small = Scratch()
+    small.KEEP_AT_MOST = 4  # type: ignore[misc]
+    assert table(entries, "full", small).column("body").to_pylist() == expected
