@@ -42,6 +42,12 @@ async def wait_for(condition: Any, timeout: float = 10.0) -> None:
             await trio.sleep(0.01)
 
 
+def disk_of(gateway: Gateway) -> tuple[SQLiteStore, Disk]:
+    store = gateway.store
+    assert isinstance(store, SQLiteStore)
+    return store, Disk(store)
+
+
 def sqlite_gateway(tmp_path: Path) -> Any:
     return running_gateway(
         store=f"sqlite://{tmp_path / 'gateway.db'}",
@@ -115,9 +121,7 @@ async def test_a_failing_disk_refuses_publishes_everywhere_and_recovers(tmp_path
 async def test_a_commit_that_fails_under_a_batch_acknowledges_none_of_it(tmp_path: Path) -> None:
     """beanstalkd: the puts of a batch whose commit fails are answered INTERNAL_ERROR."""
     async with sqlite_gateway(tmp_path) as gw:
-        store = gw.store
-        assert isinstance(store, SQLiteStore)
-        disk = Disk(store)
+        store, disk = disk_of(gw)
         bs = await RawBeanstalk.connect(gw)
         disk.full = True
         await bs.send(b"put 0 0 60 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
@@ -172,9 +176,7 @@ async def test_nsq_batches_whose_commits_overlap_are_answered_in_order(tmp_path:
 
 async def test_no_ok_leaves_after_a_failed_commit_of_overlapping_batches(tmp_path: Path) -> None:
     async with sqlite_gateway(tmp_path) as gw:
-        store = gw.store
-        assert isinstance(store, SQLiteStore)
-        disk = Disk(store)
+        _, disk = disk_of(gw)
         nsq = await RawNSQ.connect(gw)
         await nsq.send(mpub(b"failing", [b"stored"]))
         assert await nsq.frame() == (0, b"OK")
