@@ -304,6 +304,7 @@ class NSQSession(Handshake, QueuedWriter):
             self._pub_failed(start, failed)
         if (
             self._out is out_at_start
+            and self._gate is None  # no commit released frames meanwhile (commits.py)
             and len(out_at_start) - start == 2 * (self.message_count - delivered)
             and self.consumer is not None
             and not self._send_deliveries(self.consumer)
