@@ -18,8 +18,14 @@ Each figure is the best of ``--repeat`` runs (GC frozen after set-up, as the gat
 at start), in µs of CPU per message; the same run prints the Python version and the
 machine's load, since these are small numbers.
 
+The store is the one ``--store memory://`` makes (``MemoryStore(forgets=True)``: the broker
+records its messages nowhere); ``--recording`` runs on the memory store that keeps a
+record of every message, as the contract suite and the broker's tests use it (and as
+every store did before 2026-11-26).
+
     .venv/bin/python bench/broker.py
     .venv/bin/python bench/broker.py -n 200000 --repeat 5
+    .venv/bin/python bench/broker.py --recording
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ class Sink:
         return True
 
 
+RECORDING = False  # --recording
+
+
 async def fresh() -> Broker:
-    b = Broker(MemoryStore())
+    b = Broker(MemoryStore(forgets=not RECORDING))
     await b.open()
     return b
 
@@ -129,8 +138,11 @@ async def main(args: argparse.Namespace) -> None:
         ("deliver + ack, FIN batches", lambda: deliver_ack(args.n, batched=True)),
         ("fan-out x4", lambda: publish_one(args.n // 4, 4)),
     ]
+    global RECORDING
+    RECORDING = args.recording
+    store = "MemoryStore() (recording)" if RECORDING else "memory:// (MemoryStore(forgets=True))"
     print(f"# python {sys.version.split()[0]}, load {os.getloadavg()[0]:.2f}, "
-          f"n={args.n}, best of {args.repeat}")  # fmt: skip
+          f"n={args.n}, best of {args.repeat}, store {store}")  # fmt: skip
     print(f"{'workload':27s} {'µs/msg':>8s}  runs")
     for name, case in cases:
         runs = [await case() for _ in range(args.repeat)]
@@ -141,4 +153,5 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("-n", type=int, default=100_000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--recording", action="store_true", help="the recording memory store")
     trio.run(main, p.parse_args())

@@ -18,7 +18,7 @@ import trio
 
 from gateway.broker.claims import Claims
 from gateway.broker.group import Consumer, Group
-from gateway.broker.journal import Journal, from_wall
+from gateway.broker.journal import NULL_JOURNAL, Journal, from_wall
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
@@ -50,6 +50,9 @@ class Broker:
         self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
         self.journal = Journal(store)
+        # what topics and groups record their messages through (NULL_JOURNAL: nowhere, as
+        # ephemeral ones do, when the store keeps nothing anyone reads back)
+        self.messages_journal = NULL_JOURNAL if store.forgets else self.journal
         # Trio's clock, as a bound method once the broker runs (open()): trio.current_time()
         # looks the clock up through three calls, on every delivery
         self.now: Callable[[], float] = trio.current_time

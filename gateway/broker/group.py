@@ -57,7 +57,9 @@ class Group(MemoryWindow, GroupAdmin):
         self.deleted = False
         self.ready = ReadyQueue()
         self._now = topic.broker.now  # Trio's clock (see Broker.now)
-        self.journal = NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.journal
+        self.journal = (
+            NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.messages_journal
+        )
         # the memory window of a paging store (window.py); 0: everything in memory
         self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
         # a shared store (Redis) keeps the queue, this group only what it claimed (claims.py)

@@ -28,7 +28,7 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.published_by: dict[str, int] = {}  # publisher protocol -> messages
-        self.journal = NULL_JOURNAL if ephemeral else broker.journal
+        self.journal = NULL_JOURNAL if ephemeral else broker.messages_journal
         # a shared store (Redis) decides which groups a publish goes to, atomically, and
         # keeps the backlog; its depth there, as last refreshed (claims.py)
         self.shared = not ephemeral and broker.claims is not None

@@ -41,7 +41,7 @@ def open_store(
     check_store_url(url)
     scheme, _, rest = url.partition("://")
     if scheme == "memory":
-        return MemoryStore()
+        return MemoryStore(forgets=True)
     if scheme.startswith("redis"):
         from gateway.stores.redis import RedisStore
         from gateway.stores.redis_url import parse_redis_url

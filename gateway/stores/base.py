@@ -128,6 +128,9 @@ class Store(abc.ABC):
     shares: bool = False
     # True when the store hands out message ids (`take_ids`), unique across gateways
     allocates_ids: ClassVar[bool] = False
+    # True when nothing recorded could ever be read back (memory:// in a gateway: the
+    # process is all it has): topics and groups then record their messages nowhere
+    forgets: bool = False
 
     failed: StoreError | None = None  # set while writes fail; cleared when they succeed
 

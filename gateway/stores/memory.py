@@ -106,11 +106,19 @@ class _Recorder(GroupRecorder):
 
 
 class MemoryStore(Store):
+    """`forgets`: what `--store memory://` makes. The copies above serve the contract
+    suite, the broker's tests and a broker reopened in the same process; a gateway's
+    memory:// store is opened once and nothing ever reads it back, so there the broker
+    records its messages nowhere (NULL_JOURNAL, as for ephemeral topics): no second record
+    of every queued message, and a publish, delivery and acknowledgement each skip a
+    store call."""
+
     durable = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, forgets: bool = False) -> None:
         self._topics: dict[str, _Topic] = {}
         self._last_id = 0
+        self.forgets = forgets
 
     async def open(self, window: int = 0) -> StoredState:
         state = StoredState(last_id=self._last_id)

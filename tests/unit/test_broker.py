@@ -366,3 +366,29 @@ async def test_a_failing_store_refuses_only_what_it_would_keep() -> None:
     assert len(b.publish("t#ephemeral", [b"a"], ephemeral=True)) == 1
     store.failed = None
     assert len(b.publish("kept", [b"a"])) == 1
+
+
+async def test_a_memory_url_store_records_nothing_and_the_broker_works_the_same() -> None:
+    """`--store memory://` makes a store nothing reads back: the broker records its
+    messages nowhere (as for ephemeral topics), and queues, deliveries, requeues and
+    acknowledgements behave as on the recording store."""
+    from pathlib import Path
+
+    from gateway.stores import open_store
+
+    store = open_store("memory://", Path("/nonexistent"))
+    assert isinstance(store, MemoryStore) and store.forgets
+    assert not MemoryStore().forgets  # the contract suite's and these tests' store
+    b = Broker(store)
+    await b.open()
+    b.publish("t", [b"a", b"b", b"c"])
+    g = b.group("t", "g")
+    sink = Collector()
+    c = g.attach(sink, 60)
+    c.set_ready(2)
+    assert sink.bodies == [b"a", b"b"]
+    assert g.finish(c, sink.got[0].id) is Outcome.OK
+    assert sink.bodies == [b"a", b"b", b"c"]
+    assert g.requeue(c, sink.got[1].id, 0.0) is Outcome.OK
+    assert sink.bodies[-1] == b"b" and sink.attempts[-1] == 2
+    assert store._topics == {}  # nothing was recorded
