@@ -36,6 +36,14 @@ AHEAD = 4
 _LAST_WORDS = 5.0
 
 
+def withdraw_oks(out: list[bytes], start: int, exc: StoreError) -> bytes:
+    """A commit failed: every OK queued in `out` from `start` on is taken back (their
+    publishes may not be stored); returns nsqd's fatal E_PUB_FAILED, to send instead
+    (nsqd closes the connection after it)."""
+    out[start:] = [frame for frame in out[start:] if frame is not OK_FRAME]
+    return error_frame(f"E_PUB_FAILED PUB failed {exc}".encode())
+
+
 class _Ticket:
     __slots__ = ("done", "error", "frames")
 
@@ -105,9 +113,7 @@ class Commits:
         """No OK of this ticket or a later one goes out; nsqd's E_PUB_FAILED does, and
         nothing after it (nsqd closes the connection too)."""
         s = self._session
-        gate = s._gate or 0
-        s._out[gate:] = [frame for frame in s._out[gate:] if frame is not OK_FRAME]
-        s._out.append(error_frame(f"E_PUB_FAILED PUB failed {exc}".encode()))
+        s._out.append(withdraw_oks(s._out, s._gate or 0, exc))
         s._metrics.protocol_error("nsq", b"E_PUB_FAILED")
         s._gate = len(s._out)  # whatever the reader appends from now on stays
         self._held.clear()

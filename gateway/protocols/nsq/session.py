@@ -4,9 +4,11 @@ Three tasks per connection: the reader (parse every complete command of one rece
 apply them all, acknowledge publishes after one store flush, and write the replies and
 the deliveries of the batch itself, in one write), the writer (tcp.QueuedWriter's: what
 other tasks queued during one scheduler pass, deliveries from other connections'
-publishes and heartbeats, in one write), and the heartbeat ticker. Deliveries arrive
-from the broker synchronously through `deliver()`, which only appends a frame (and,
-outside the session's own batch, wakes the writer).
+publishes and heartbeats, in one write), and the heartbeat ticker; on a store whose
+flush waits, a task per batch commit (commits.py). Deliveries arrive from the broker
+synchronously through `deliver()`, which only appends a frame (and, outside the
+session's own batch, wakes the writer). IDENTIFY and AUTH live in handshake.py, SUB,
+deliveries, FIN, REQ and TOUCH in consuming.py.
 """
 
 from __future__ import annotations
@@ -14,14 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 
 import trio
 
-from gateway.broker import Consumer, Group, Outcome
-from gateway.model import Message
+from gateway.broker import Consumer, Group
 from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.auth import AuthState
 from gateway.protocols.nsq.codec import (
@@ -30,11 +30,10 @@ from gateway.protocols.nsq.codec import (
     OK_FRAME,
     NSQServerCodec,
     State,
-    error_frame,
-    message_header,
 )
-from gateway.protocols.nsq.commits import AHEAD, Commits
+from gateway.protocols.nsq.commits import AHEAD, Commits, withdraw_oks
 from gateway.protocols.nsq.compression import CompressionError
+from gateway.protocols.nsq.consuming import Consuming
 from gateway.protocols.nsq.handshake import Handshake, _Close
 from gateway.protocols.nsq.names import is_ephemeral
 from gateway.protocols.nsq.server import NSQServer
@@ -44,20 +43,9 @@ from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket
 log = logging.getLogger("gateway.nsq")
 
 _RECEIVE_SIZE = 65536
-_NOT_IN_FLIGHT = b"ID not in flight"
-_NOT_OWNER = b"client does not own message"
 
 
-def _parse_id(raw: bytes) -> int | None:
-    """Message ids are 16 lowercase hex digits; anything else is simply not in flight."""
-    try:
-        value = int(raw, 16)
-    except ValueError:
-        return None
-    return value if b"%016x" % value == raw else None
-
-
-class NSQSession(Handshake, QueuedWriter):
+class NSQSession(Handshake, Consuming, QueuedWriter):
     protocol = "nsq"  # the metrics label of this consumer's deliveries
 
     def __init__(self, server: NSQServer, stream: trio.abc.Stream, remote: str) -> None:
@@ -354,110 +342,7 @@ class NSQSession(Handshake, QueuedWriter):
     def _pub_failed(self, start: int, exc: StoreError) -> None:
         """The store cannot write: no OK of this batch goes out, and the client gets
         nsqd's fatal E_PUB_FAILED (nsqd closes the connection after it too)."""
-        out = self._out
-        out[start:] = [frame for frame in out[start:] if frame is not OK_FRAME]
-        raise _Close(error_frame(f"E_PUB_FAILED PUB failed {exc}".encode()))
-
-    def _fins(self, msg_ids: list[bytes]) -> None:
-        group = self.group
-        consumer = self.consumer
-        assert group is not None
-        finish = group.finish
-        done = 0
-        for raw in msg_ids:
-            msg_id = _parse_id(raw)
-            outcome = (
-                Outcome.NOT_IN_FLIGHT if msg_id is None else finish(consumer, msg_id, pump=False)
-            )
-            if outcome:
-                self._out.append(self._failed(b"E_FIN_FAILED FIN", raw, outcome))
-            else:
-                done += 1
-        self.finish_count += done
-
-    def _req(self, event: ev.Req) -> None:
-        msg_id = _parse_id(event.msg_id)
-        assert self.group is not None
-        # nsqd clamps a REQ timeout past max-req-timeout silently (pynsq's default backoff
-        # of 90 s x attempts passes one hour after 40 attempts)
-        delay = min(event.timeout_ms, self.server.max_req_timeout) / 1000
-        outcome = (
-            Outcome.NOT_IN_FLIGHT
-            if msg_id is None
-            else self.group.requeue(self.consumer, msg_id, delay, pump=False)
-        )
-        if outcome:
-            self._out.append(self._failed(b"E_REQ_FAILED REQ", event.msg_id, outcome))
-        else:
-            self.requeue_count += 1
-
-    def _touch(self, event: ev.Touch) -> None:
-        msg_id = _parse_id(event.msg_id)
-        assert self.group is not None
-        outcome = (
-            Outcome.NOT_IN_FLIGHT
-            if msg_id is None
-            else self.group.touch(
-                self.consumer, msg_id, self.msg_timeout, self.server.max_msg_timeout / 1000
-            )
-        )
-        if outcome:
-            self._out.append(self._failed(b"E_TOUCH_FAILED TOUCH", event.msg_id, outcome))
-
-    def _failed(self, prefix: bytes, msg_id: bytes, outcome: Outcome) -> bytes:
-        reason = _NOT_OWNER if outcome is Outcome.NOT_OWNER else _NOT_IN_FLIGHT
-        text = b"%s %s failed %s" % (prefix, msg_id, reason)
-        self._metrics.protocol_error("nsq", text)
-        return error_frame(text)
-
-    async def _sub(self, event: ev.Sub) -> None:
-        await self._check_auth("SUB", event.topic, event.channel)
-        group = self.server.broker.group(
-            event.topic,
-            event.channel,
-            ephemeral_topic=is_ephemeral(event.topic),
-            ephemeral=is_ephemeral(event.channel),
-        )
-        self.group = group
-        self.consumer = group.attach(self, self.msg_timeout)
-        self._out.append(OK_FRAME)
-
-    # -- delivery (called by the broker, synchronously) --------------------------
-
-    def deliver(self, message: Message, consumer: Consumer) -> bool:
-        # sample_rate N: nsqd drops about (99-N)% of this client's messages for the channel
-        if self.sample_rate and random.randrange(100) > self.sample_rate:
-            return False
-        # header and body go separately: the writer's join copies the body once
-        body = message.body
-        out = self._out
-        out.append(message_header(len(body), message.timestamp, message.attempts, message.id))
-        out.append(body)
-        self._pending += 34 + len(body)
-        self.message_count += 1
-        if not self._holding and self._send_deliveries(consumer):
-            self._wake.set()  # from another task: the writer sends them
-        return True
-
-    def _send_deliveries(self, consumer: Consumer) -> bool:
-        """Whether queued deliveries go out now, as nsqd's messagePump decides: when they
-        fill output_buffer_size, or the client's window is full (it waits for them);
-        otherwise output_buffer_timeout after the first at the latest (the timer is set
-        here), or with the next reply to a command. A stream of single publishes thus
-        reaches a busy consumer in one write per buffer, not one write per message, and
-        FINs, which nsqd does not answer, do not flush either."""
-        if (
-            self._pending >= self.output_buffer_size
-            or consumer.in_flight >= consumer.ready
-            or not self.output_buffer_timeout
-        ):
-            return True
-        if self._flush_at == math.inf:
-            self._flush_at = at = trio.current_time() + self.output_buffer_timeout
-            scope = self._timer_scope
-            if scope is not None and at < scope.deadline:
-                scope.deadline = at
-        return False
+        raise _Close(withdraw_oks(self._out, start, exc))
 
     # -- output (tcp.QueuedWriter) ---------------------------------------------------
 
