@@ -23,6 +23,26 @@ def _opt(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "surrogateescape")
 
 
+_BAD_MARKER = (b"", None)  # `_reply_and_queues`: neither "+" nor "|" where one must be
+
+
+def _reply_and_queues(args: list[bytes], sizes: int) -> tuple[bytes | None, list[bytes] | None]:
+    """The reply subject and queue names of an RMSG or HMSG, whose arguments are account,
+    subject, then [reply] or ["+" reply queue...] or ["|" queue...], then `sizes` size
+    fields; `_BAD_MARKER` (test by identity) when the marker is neither."""
+    n = len(args) - sizes
+    if n == 3:
+        return args[2], None
+    if n > 3:
+        marker = args[2]
+        if marker == b"+":
+            return args[3], args[4:-sizes]
+        if marker == b"|":
+            return None, args[3:-sizes]
+        return _BAD_MARKER
+    return None, None
+
+
 def _queues(raw: list[bytes] | None) -> tuple[str, ...] | None:
     return None if raw is None else tuple(q.decode("utf-8", "surrogateescape") for q in raw)
 
@@ -30,40 +50,20 @@ def _queues(raw: list[bytes] | None) -> tuple[str, ...] | None:
 class RouteOps:
     """Mixed into RouteCodec, whose `_fail` and `_expect` these call."""
 
-    if TYPE_CHECKING:
-
-        def _fail(self, reply: bytes | None, reason: str) -> ev.ProtocolError: ...
-        def _expect(
-            self,
-            dropped: str | None,
-            account: bytes,
-            subject: bytes,
-            reply: bytes | None,
-            queues: list[bytes] | None,
-            origin: bytes | None,
-            hdr: int,
-            size: int,
-        ) -> ev.Event | None: ...
+    if TYPE_CHECKING:  # RouteCodec's (stubs at run time would shadow them in the MRO)
+        _fail: Callable[[bytes | None, str], ev.ProtocolError]
+        _expect: Callable[..., ev.Event | None]  # see RouteCodec._expect
 
     # -- ops: handler(self, line without its line end, index where the op name ends) --
 
     def _rmsg(self, line: bytes, at: int) -> ev.Event | None:
         args = _ARGS.findall(line, at)
-        n = len(args)
-        if n < 3:
+        if len(args) < 3:
             return self._fail(None, "processRoutedMsgArgs Parse Error")
-        reply: bytes | None = None
-        queues: list[bytes] | None = None
-        if n == 4:
-            reply = args[2]
-        elif n > 4:
-            marker = args[2]
-            if marker == b"+":
-                reply, queues = args[3], args[4:-1]
-            elif marker == b"|":
-                queues = args[3:-1]
-            else:
-                return self._fail(None, "processRoutedMsgArgs Bad or Missing Reply Indicator")
+        found = _reply_and_queues(args, 1)
+        if found is _BAD_MARKER:
+            return self._fail(None, "processRoutedMsgArgs Bad or Missing Reply Indicator")
+        reply, queues = found
         size = _parse_size(args[-1])
         if size < 0:
             return self._fail(None, "processRoutedMsgArgs Bad or Missing Size")
@@ -83,19 +83,10 @@ class RouteOps:
 
     def _header_msg(self, args: list[bytes], origin: bytes | None, where: str) -> ev.Event | None:
         """HMSG arguments, or LMSG's after the origin: 4 or more of them."""
-        n = len(args)
-        reply: bytes | None = None
-        queues: list[bytes] | None = None
-        if n == 5:
-            reply = args[2]
-        elif n > 5:
-            marker = args[2]
-            if marker == b"+":
-                reply, queues = args[3], args[4:-2]
-            elif marker == b"|":
-                queues = args[3:-2]
-            else:
-                return self._fail(None, f"{where} Bad or Missing Reply Indicator")
+        found = _reply_and_queues(args, 2)
+        if found is _BAD_MARKER:
+            return self._fail(None, f"{where} Bad or Missing Reply Indicator")
+        reply, queues = found
         hdr = _parse_size(args[-2])
         size = _parse_size(args[-1])
         if hdr < 0:
