@@ -28,6 +28,8 @@ from gateway.stores.redis_url import CONNECT_TIMEOUT, STREAM_TIMEOUT, RedisTarge
 from gateway.tcp import receive, socket_fd, try_write
 
 _RECEIVE = 1 << 18
+# what a lost, closed or stuck connection raises while reading or writing
+_BROKEN = (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 def encode(command: Sequence[Any]) -> list[bytes]:
@@ -154,12 +156,7 @@ class Wire:
                         # half a command on the wire would garble everything after it
                         self._lost(exc)
                         raise
-        except (
-            OSError,
-            trio.TooSlowError,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-        ) as exc:
+        except _BROKEN as exc:
             self._lost(exc)
         finally:
             self._writing = False
@@ -184,12 +181,7 @@ class Wire:
                     if head.done:
                         waiting.popleft()
                 self._wake()
-        except (
-            OSError,
-            trio.TooSlowError,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-        ) as exc:
+        except _BROKEN as exc:
             self._lost(exc)
         finally:
             self._reading = False
