@@ -46,7 +46,9 @@ class Deadlines:
             heappush(self._heap, (entry.deadline, next(self._seq), entry))
 
     def add_all(self, entries: Iterable[InFlight]) -> None:
-        """Record the deadlines of these deliveries (each entry's `deadline`)."""
+        """Record the deadlines of these deliveries (each entry's `deadline`). `add`'s
+        body inlined, not called per entry: that call was 6% of a batch delivery's
+        instructions (callgrind: 10,407 -> 11,067 per message)."""
         fifo = self._fifo
         append = fifo.append
         for entry in entries:

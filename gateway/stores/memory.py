@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 
 from gateway.model import Message
 from gateway.stores.base import (
-    Delivery,
     GroupRecorder,
     Store,
     StoredGroup,
@@ -88,15 +87,6 @@ class _Recorder(GroupRecorder):
         g.messages[message.id] = (message, message.attempts, message.priority, 0.0)
         if g.buried:
             g.buried.discard(message.id)
-
-    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
-        g = self._record
-        records = g.messages
-        for d in deliveries:
-            m = d.message
-            records[m.id] = (m, m.attempts, m.priority, 0.0)
-            if g.buried:
-                g.buried.discard(m.id)
 
     def finished(self, message: Message) -> None:
         g = self._record
