@@ -245,9 +245,8 @@ def split(entries: list[Entry], rows: int) -> tuple[list[Entry], list[Entry]]:
             continue
         t, _, topic, attempts, priority, blob, sizes, first, origin, published = entry  # type: ignore[misc]
         cut = sum(sizes[:rows]) if blob else 0
-        head.append(
-            (t, rows, topic, attempts, priority, blob[:cut], sizes[:rows], first, origin, published)
-        )
-        rest = (t, n - rows, topic, attempts, priority, blob[cut:], sizes[rows:], first + rows)
-        return head, [(*rest, origin, published), *entries[i + 1 :]]
+        shared = (topic, attempts, priority)
+        head.append((t, rows, *shared, blob[:cut], sizes[:rows], first, origin, published))
+        rest = (t, n - rows, *shared, blob[cut:], sizes[rows:], first + rows, origin, published)
+        return head, [rest, *entries[i + 1 :]]
     return head, []
