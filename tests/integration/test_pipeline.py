@@ -29,6 +29,7 @@ from gateway.archive.events import EVENTS
 from gateway.pipeline import replay, report
 from gateway.pipeline.session import one_line, start_session
 from gateway.pipeline.targets import Target
+from tests.archive_support import earlier_layout_segment
 from tests.helpers import running_gateway
 from tests.pipeline_support import Output, spark_cluster
 
@@ -190,6 +191,22 @@ def test_report_counts_equal_the_traffic(report_out: Path, traffic: Traffic) -> 
     pairs = pq.read_table(report_out / "tables" / "by_pair.parquet").to_pylist()
     acked = {(r["producer"], r["consumer"]): r["acknowledged"] for r in pairs}
     assert acked == {("nsq", "nsq"): 6, ("nats", "nsq"): 1, ("beanstalk", "beanstalk"): 2}
+
+
+def test_spark_reads_segments_of_the_earlier_layout_beside_new_ones(
+    spark: Any, traffic: Traffic, tmp_path: Path
+) -> None:
+    """An archive written partly before the columns became REQUIRED (and the pages v2):
+    Spark reads both kinds of segment with the one schema."""
+    import shutil
+
+    from gateway.pipeline.events import load_events
+
+    shutil.copytree(traffic.archive, tmp_path, dirs_exist_ok=True)
+    earlier_layout_segment(tmp_path, [10**9, 10**9 + 1])
+    published = load_events(spark, tmp_path).filter("event = 'published'")
+    assert published.count() == 11 + 2
+    assert published.filter("id >= 1000000000").count() == 2
 
 
 def test_report_topic_filter(spark: Any, traffic: Traffic, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from gateway.archive import events
 from gateway.archive.read import read_archive
 from gateway.archive.writer import SCHEMA, Archive
 from gateway.model import Message
+from tests.archive_support import earlier_layout_segment
 
 DAY_NS = 86_400 * 1_000_000_000
 
@@ -347,3 +348,23 @@ def test_bodies_of_publishes_around_other_events_in_one_table_stay_their_own() -
     small = Scratch()
     small.KEEP_AT_MOST = 4  # type: ignore[misc]
     assert table(entries, "full", small).column("body").to_pylist() == expected
+
+
+def test_segments_of_the_earlier_layout_read_beside_new_ones(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    earlier_layout_segment(tmp_path, [1, 2])
+    a = Archive(tmp_path)
+    a.start()
+    rec = a.recorder("orders")
+    assert rec is not None
+    rec.published([message(3), message(4)])
+    a.close()
+    new = [p for p in finished(tmp_path) if "part-1-" not in p.name]
+    assert len(new) == 1
+    # the new segment's columns are REQUIRED but the body's
+    schema = pq.ParquetFile(new[0]).schema_arrow
+    assert [f.name for f in schema if f.nullable] == ["body"]
+    table = read_archive(tmp_path)
+    assert sorted(table.column("id").to_pylist()) == [1, 2, 3, 4]
+    assert table.schema.field("id").nullable
