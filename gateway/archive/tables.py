@@ -168,16 +168,19 @@ def _published_table(batches: list[Batch], body: str | int, scratch: Scratch | N
         data = scratch.join(blobs, total) if scratch is not None else pa.py_buffer(b"".join(blobs))
         bodies = pa.Array.from_buffers(_BODIES, n, [None, pa.py_buffer(offsets), data])
         bodies = _body_mode(bodies, body)
-    empty = _repeat_strings(("",), counts[:1], n)
+    # one array of zeros serves as the indices of every column with one value in this
+    # table (Arrow arrays never change): one allocation, not one per column
+    zeros = pa.array(np.zeros(n, np.int32))
+    empty = _repeat_strings(("",), counts[:1], zeros)
     columns = [
-        _repeat_strings((PUBLISHED,), counts[:1], n),
+        _repeat_strings((PUBLISHED,), counts[:1], zeros),
         np.repeat(np.array(times, np.int64), counts),
         ids,
-        _repeat_strings(topics, counts, n),
+        _repeat_strings(topics, counts, zeros),
         empty,
-        _repeat_strings([o[0] for o in origins], counts, n),
+        _repeat_strings([o[0] for o in origins], counts, zeros),
         empty,
-        _repeat_strings([o[2] for o in origins], counts, n),
+        _repeat_strings([o[2] for o in origins], counts, zeros),
         lengths,
         np.repeat(np.array(attempts, np.int32), counts),
         np.repeat(np.array(priorities, np.int64), counts),
@@ -219,16 +222,19 @@ def _rows_table(rows: list[Row], body: str | int) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
 
 
-def _repeat_strings(values: list[str] | tuple[str, ...], counts: np.ndarray, n: int) -> pa.Array:
+def _repeat_strings(
+    values: list[str] | tuple[str, ...], counts: np.ndarray, zeros: pa.Array
+) -> pa.Array:
     """Each of `values` repeated its count of times, as a dictionary array: indices
-    repeated by numpy, each distinct string once (an MPUB's publisher is one index)."""
+    repeated by numpy, each distinct string once (an MPUB's publisher is one index);
+    `zeros`, as many zeros as the counts add up to, the indices when all are one."""
     distinct = list(dict.fromkeys(values))
     if len(distinct) == 1:
-        indices = np.zeros(n, np.int32)
+        indices = zeros
     else:
         index = {v: i for i, v in enumerate(distinct)}
         codes = np.fromiter(map(index.__getitem__, values), np.int32, len(values))
-        indices = np.repeat(codes, counts)
+        indices = pa.array(np.repeat(codes, counts))
     return pa.DictionaryArray.from_arrays(indices, pa.array(distinct, pa.string()))
 
 
