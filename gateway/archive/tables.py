@@ -42,10 +42,10 @@ _ID, _BODY, _ORIGIN, _TIMESTAMP = (attrgetter(a) for a in ("id", "body", "origin
 
 # one buffered event: (event, time_ns, message, topic, group, sink, attempts, priority)
 Row = tuple[str, int, Message, str, str, Any, int, int]
-# one publish's `published` events: (time_ns, how many, topic, attempts, priority, the
-# bodies end to end, their sizes, the first message's id, origin and publish time; the
-# ids of one publish are consecutive)
-Batch = tuple[int, int, str, int, int, bytes, tuple[int, ...], int, str, int]
+# one publish's `published` events: (time_ns, how many, topic, attempts, priority, their
+# bodies, the first message's id, origin and publish time; the ids of one publish are
+# consecutive)
+Batch = tuple[int, int, str, int, int, Sequence[bytes], int, str, int]
 Entry = Row | Batch
 # Parquet settings: dictionaries for the columns that repeat (protocols, topics, peers),
 # none for the body, which rarely repeats; no min/max statistics of bodies either.
@@ -75,48 +75,10 @@ FILE_SCHEMA = pa.schema(
 )
 
 
-class Scratch:
-    """The writer's buffer for a row group's bodies, kept from one row group to the next.
-    Joining them into a new bytes object instead cost a fresh mapping of several MB per
-    row group, which the kernel faults in and zeroes page by page: a seventh of the
-    writer's CPU, and cache lines taken from the event loop sharing its core. Bodies
-    past `KEEP_AT_MOST` in one table get buffers of their own, not kept."""
-
-    KEEP_AT_MOST = 64 * 1024 * 1024
-
-    def __init__(self) -> None:
-        self._array = np.empty(0, np.uint8)
-        self._used = 0
-
-    def start(self) -> None:
-        """A new table: what the last one used may be written over."""
-        self._used = 0
-
-    def join(self, blobs: Sequence[bytes], total: int) -> pa.Buffer:
-        """`blobs` end to end (`total` bytes), valid until the next `start()`."""
-        begin, end = self._used, self._used + total
-        if end > len(self._array):
-            if end > self.KEEP_AT_MOST:
-                return pa.py_buffer(b"".join(blobs))
-            # a new array; buffers already handed out keep the old one alive
-            self._array = np.empty(max(end, 2 * len(self._array)), np.uint8)
-            begin, end = 0, total
-        view = memoryview(self._array)
-        pos = begin
-        for blob in blobs:
-            nxt = pos + len(blob)
-            view[pos:nxt] = blob
-            pos = nxt
-        self._used = end
-        return pa.py_buffer(view[begin:end])
-
-
-def table(entries: list[Entry], body: str | int, scratch: Scratch | None = None) -> pa.Table:
+def table(entries: list[Entry], body: str | int) -> pa.Table:
     """One table of the entries in order: each run of publishes and each run of other
     events built column at a time, C-level where possible (zip, map, attrgetter, Arrow
     kernels): this runs on the writer thread but holds the GIL the broker needs."""
-    if scratch is not None:
-        scratch.start()
     tables = []
     start = 0
     for i in range(1, len(entries) + 1):
@@ -125,7 +87,7 @@ def table(entries: list[Entry], body: str | int, scratch: Scratch | None = None)
             if len(run[0]) == 8:
                 tables.append(_rows_table(run, body))  # type: ignore[arg-type]
             else:
-                tables.append(_published_table(run, body, scratch))  # type: ignore[arg-type]
+                tables.append(_published_table(run, body))  # type: ignore[arg-type]
             start = i
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
@@ -145,11 +107,11 @@ def _body_mode(bodies: pa.Array, body: str | int) -> pa.Array:
     return bodies
 
 
-def _published_table(batches: list[Batch], body: str | int, scratch: Scratch | None) -> pa.Table:
+def _published_table(batches: list[Batch], body: str | int) -> pa.Table:
     """A run of publishes, column at a time: every column but the body comes from each
     publish's first message and its count (numpy repeats, no pass over the messages);
-    the bodies are the publishes' copies joined, with offsets from their sizes."""
-    times, ns, topics, attempts, priorities, blobs, sizes, first_ids, origins_, published = zip(
+    the bodies are joined end to end and measured in one C-level pass each."""
+    times, ns, topics, attempts, priorities, raws, first_ids, origins_, published = zip(
         *batches, strict=True
     )
     counts = np.array(ns, np.int64)
@@ -158,14 +120,14 @@ def _published_table(batches: list[Batch], body: str | int, scratch: Scratch | N
     starts = np.cumsum(counts) - counts
     ids = np.arange(n, dtype=np.int64) + np.repeat(np.array(first_ids, np.int64) - starts, counts)
     origins = [o.partition(" ") for o in origins_]
-    lengths = np.fromiter(chain.from_iterable(sizes), np.int64, n)
+    flat = list(chain.from_iterable(raws))
+    lengths = np.fromiter(map(len, flat), np.int64, n)
     if body == "none":
         bodies = pa.nulls(n, type=_BODIES)
     else:
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        data = scratch.join(blobs, total) if scratch is not None else pa.py_buffer(b"".join(blobs))
+        data = pa.py_buffer(b"".join(flat))
         bodies = pa.Array.from_buffers(_BODIES, n, [None, pa.py_buffer(offsets), data])
         bodies = _body_mode(bodies, body)
     # one array of zeros serves as the indices of every column with one value in this
@@ -254,10 +216,9 @@ def split(entries: list[Entry], rows: int) -> tuple[list[Entry], list[Entry]]:
             if rows == 0:
                 return head, entries[i + 1 :]
             continue
-        t, _, topic, attempts, priority, blob, sizes, first, origin, published = entry  # type: ignore[misc]
-        cut = sum(sizes[:rows]) if blob else 0
+        t, _, topic, attempts, priority, raw, first, origin, published = entry  # type: ignore[misc]
         shared = (topic, attempts, priority)
-        head.append((t, rows, *shared, blob[:cut], sizes[:rows], first, origin, published))
-        rest = (t, n - rows, *shared, blob[cut:], sizes[rows:], first + rows, origin, published)
+        head.append((t, rows, *shared, raw[:rows], first, origin, published))
+        rest = (t, n - rows, *shared, raw[rows:], first + rows, origin, published)
         return head, [rest, *entries[i + 1 :]]
     return head, []

@@ -328,10 +328,9 @@ def test_a_run_of_publishes_keeps_each_message_id_and_publish_facts(tmp_path: Pa
 
 
 def test_bodies_of_publishes_around_other_events_in_one_table_stay_their_own() -> None:
-    """The writer's body buffer is reused from table to table (tables.Scratch): runs of
-    publishes within one table each get their own part of it, and a table too big to
-    keep gets a buffer of its own."""
-    from gateway.archive.tables import Scratch, table
+    """Runs of publishes within one table, around other events, each keep their bodies;
+    a publish's bodies are the ones it had when recorded."""
+    from gateway.archive.tables import table
 
     a = Archive("/nonexistent")  # never started: entries are taken from its buffer
     rec = a.recorder("orders")
@@ -340,14 +339,12 @@ def test_bodies_of_publishes_around_other_events_in_one_table_stay_their_own() -
     rec.record(events.DELIVERED, message(1, body=b"first-1"), "g", Sink())
     rec.published([message(i, body=b"second-%d" % i) for i in range(4, 6)])
     entries = list(a._buffer)
-    scratch = Scratch()
-    rows = table(entries, "full", scratch).column("body").to_pylist()
+    got = table(entries, "full")
     expected = [b"first-1", b"first-2", b"first-3", b"first-1", b"second-4", b"second-5"]
-    assert rows == expected
-    assert table(entries[:1], "full", scratch).column("body").to_pylist() == expected[:3]
-    small = Scratch()
-    small.KEEP_AT_MOST = 4  # type: ignore[misc]
-    assert table(entries, "full", small).column("body").to_pylist() == expected
+    assert got.column("body").to_pylist() == expected
+    assert got.column("size").to_pylist() == list(map(len, expected))
+    assert table(entries[:1], "full").column("body").to_pylist() == expected[:3]
+    assert table(entries, 6).column("body").to_pylist() == [b[:6] for b in expected]
 
 
 def test_segments_of_the_earlier_layout_read_beside_new_ones(tmp_path: Path) -> None:
