@@ -149,6 +149,8 @@ def synthetic_archive(root: Path, events: int, chunk: int = 1_000_000) -> int:
 
     from gateway.archive.writer import SCHEMA
 
+    # as the writer's segments (tables.FILE_SCHEMA): every column but the body REQUIRED
+    LAYOUT = pa.schema([f.with_nullable(f.name == "body") for f in SCHEMA])
     rng = np.random.default_rng(7)
     day0 = 1_795_000_000 * 10**9
     written = 0
@@ -205,11 +207,17 @@ def synthetic_archive(root: Path, events: int, chunk: int = 1_000_000) -> int:
             name: np.concatenate(parts_) for name, parts_ in columns.items() if name != "body"
         }
         total = len(arrays["event"])
-        table = pa.table({**arrays, "body": pa.nulls(total, pa.binary())}, schema=SCHEMA)
+        table = pa.table({**arrays, "body": pa.nulls(total, pa.binary())}, schema=LAYOUT)
         folder = root / "date=2026-11-18"
         folder.mkdir(parents=True, exist_ok=True)
         seq += 1
-        pq.write_table(table, folder / f"part-{seq:06d}.parquet", compression="zstd")
+        # the gateway's own file layout and default codec (archive.md)
+        pq.write_table(
+            table,
+            folder / f"part-{seq:06d}.parquet",
+            compression="lz4",
+            data_page_version="2.0",
+        )
         written += total
     return written
 
