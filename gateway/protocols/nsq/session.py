@@ -172,13 +172,17 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                     if self._commits.pending >= AHEAD:
                         await self._commits.wait(AHEAD - 1)
         except _Close as close:
-            if close.frame is not None:
-                self._metrics.protocol_error("nsq", close.frame[8:])
-                self._out.append(close.frame)
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
                 # the peer may be gone before it could read why
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._commits.wait()  # earlier publishes' replies go first
+                    # An earlier batch's commit that failed meanwhile has already queued
+                    # E_PUB_FAILED, the connection's last words: a failing store also
+                    # refuses this batch's publish, whose own E_PUB_FAILED would follow
+                    # the first one.
+                    if close.frame is not None and not self._commits.failed:
+                        self._metrics.protocol_error("nsq", close.frame[8:])
+                        self._out.append(close.frame)
                     await self._flush_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
