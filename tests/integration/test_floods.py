@@ -41,7 +41,7 @@ def test_healthy_clients_keep_half_their_throughput_under_a_flood() -> None:
         done = subprocess.run(
             [sys.executable, str(FLOOD), "--nsq", addresses["nsq"],
              "--beanstalk", addresses["beanstalk"], "--nats", addresses["nats"],
-             "--seconds", "1.5", "--rounds", "2"],
+             "--seconds", "1.5", "--rounds", "3"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
