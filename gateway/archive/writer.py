@@ -107,8 +107,8 @@ class Recorder:
             raw = raw[:room]
         # attempts and priority as they are now (a release may change them before the
         # writer runs); one publish shares them. Scalars and the bodies, not the messages:
-        # the entry holds no object the cyclic GC has to walk again and again while it
-        # waits (bytes are not tracked)
+        # the cyclic GC walks nothing behind a waiting entry but the list of bodies,
+        # whose bytes it does not track
         first = msgs[0]
         self._buffer.append(
             (
