@@ -119,6 +119,7 @@ class SQLiteStore(Store):
                     f" ({sql.VERSION}); move the file aside to start with an empty store"
                 )
             db.executescript(sql.SCHEMA)
+            db.execute(sql.DROP_TRIGGER)
             db.execute(f"PRAGMA user_version = {sql.VERSION}")
             self._db = db
             return self._recover(db, window)
