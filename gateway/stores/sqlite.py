@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import trio
 
-from gateway.model import Message
+from gateway.model import Message, Publish
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Key,
@@ -171,8 +171,12 @@ class SQLiteStore(Store):
             # is kept after its message is gone, so that ids never repeat
             self.reserve_ids(messages[-1].id)
         # the per-group fields as they are now (a delivery may change them before the
-        # commit; that change is recorded on its own)
-        fields = [(m.priority, m.attempts) for m in messages]
+        # commit; that change is recorded on its own). One publish's are all alike: it is
+        # recorded before any group can deliver one of them.
+        if isinstance(messages, Publish):
+            fields = [(messages[0].priority, messages[0].attempts)] * len(messages)
+        else:
+            fields = [(m.priority, m.attempts) for m in messages]
         self._record(("P", gids, messages, due, fields))
 
     def update(

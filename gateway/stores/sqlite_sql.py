@@ -26,9 +26,10 @@ import json
 import sqlite3
 from array import array
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
-from gateway.model import Message
+from gateway.model import Message, Publish
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -178,12 +179,10 @@ def _run(
                 bodies = first.body
                 ends = array("I", (len(bodies),))
             else:
-                ends = array("I")
-                end = 0
-                for m in msgs:
-                    end += len(m.body)
-                    ends.append(end)
-                bodies = b"".join([m.body for m in msgs])
+                # a publish hands over its bodies as a list: no pass over the messages
+                raw = msgs.bodies if isinstance(msgs, Publish) else [m.body for m in msgs]
+                ends = array("I", accumulate(map(len, raw)))
+                bodies = b"".join(raw)
             headers = json.dumps(first.headers) if first.headers else None
             batch_rows.append(
                 (first.id, msgs[-1].id, first.timestamp, first.ttr, first.origin,
