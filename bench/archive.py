@@ -86,6 +86,9 @@ def throughput(args: argparse.Namespace) -> list[str]:
     )
     rates: dict[tuple[str, str], list[float]] = {}
     cpu: dict[str, list[float]] = {}  # the gateway's CPU per message from ready to stopped
+    # per MPUB message, during the workload and until the process is quiet again (the
+    # writer caught up): (the event loop's thread, every other thread)
+    mpub_cpu: dict[str, list[tuple[float, float]]] = {}
     kept: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="bench-archive-"))
     try:
@@ -100,7 +103,13 @@ def throughput(args: argparse.Namespace) -> list[str]:
                 target = nsq.Target(f"archive-{mode}", addresses["nsq"], gateway.proc.pid)
                 try:
                     for workload in ("mpub", "pub"):
+                        threads = c.thread_cpu_seconds(gateway.proc.pid)
                         result = nsq.run_workload(workload, target, opts)
+                        if workload == "mpub":
+                            c.wait_cpu_quiet(gateway.proc.pid)
+                            mpub_cpu.setdefault(mode, []).append(
+                                _split_cpu(gateway.proc.pid, threads, args.n, mode == "on")
+                            )
                         if result.status != "ok" or not result.rate:
                             raise SystemExit(f"{workload} archive {mode}: {result.status}")
                         rates.setdefault((workload, mode), []).append(result.rate)
@@ -124,6 +133,11 @@ def throughput(args: argparse.Namespace) -> list[str]:
         rows.append([workload, c.si(off), c.si(on), f"{on / off:.2f}x"])
     table = c.format_table(["workload", "off msgs/s", "on msgs/s", "on/off"], rows)
     off_cpu, on_cpu = statistics.median(cpu["off"]), statistics.median(cpu["on"])
+    # the MPUB phase alone, loop and other threads apart: CPU time is what contention
+    # from other processes disturbs least, and on one pinned CPU it sets the pace
+    loop_off, rest_off = (statistics.median(x) for x in zip(*mpub_cpu["off"], strict=True))
+    loop_on, rest_on = (statistics.median(x) for x in zip(*mpub_cpu["on"], strict=True))
+    mpub_off, mpub_on = loop_off + rest_off, loop_on + rest_on
     return [
         f"archive on (body {args.body}, {args.compression}) vs off, {placement.describe()}, "
         f"median of {args.repeat}:",
@@ -132,8 +146,26 @@ def throughput(args: argparse.Namespace) -> list[str]:
         f"gateway CPU per message, from ready to stopped (the archive's last flush "
         f"included, start-up not): off {off_cpu * 1e6:.2f} us, on {on_cpu * 1e6:.2f} us: "
         f"CPU-bound throughput on/off {off_cpu / on_cpu:.2f}x",
+        f"MPUB alone, CPU per message (medians): off {mpub_off * 1e6:.2f} us; on "
+        f"{mpub_on * 1e6:.2f} us = event loop {loop_on * 1e6:.2f} + archive writer and "
+        f"other threads {rest_on * 1e6:.2f} (off: loop {loop_off * 1e6:.2f}): "
+        f"CPU-bound MPUB on/off {mpub_off / mpub_on:.2f}x",
         "published events archived (the rest dropped, buffer full): " + "; ".join(kept),
     ]
+
+
+def _split_cpu(pid: int, before: dict[int, float], n: int, archived: bool) -> tuple[float, float]:
+    """CPU seconds per message since `before` (thread_cpu_seconds): the main thread's
+    (the event loop), and every other thread's together. The writer leaves the last
+    partial row group for the stop, so with the archive on the other threads' time is
+    per event written so far."""
+    from gateway.archive.writer import ROW_GROUP_ROWS
+
+    after = c.thread_cpu_seconds(pid)
+    loop = after.get(pid, 0.0) - before.get(pid, 0.0)
+    rest = sum(t - before.get(tid, 0.0) for tid, t in after.items() if tid != pid)
+    written = n - n % ROW_GROUP_ROWS if archived and n >= ROW_GROUP_ROWS else n
+    return loop / n, rest / written
 
 
 # -- report: 10M events on local[2] --------------------------------------------------------
