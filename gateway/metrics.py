@@ -7,15 +7,31 @@ collectors are not registered in prometheus_client's global default registry).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class _HandedOverCounter(Counter):
+    """A labelled Counter whose counts may wait in a plain dict until it is collected:
+    `labels(...).inc()` takes a lock and builds a tuple, a real share of a command that a
+    flooding client can make the gateway answer hundreds of thousands of times a second."""
+
+    _hand_over: Callable[[], None] | None = None
+
+    def collect(self) -> Any:
+        if self._hand_over is not None:
+            self._hand_over()
+        return super().collect()
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.before_scrape: list[Callable[[], None]] = []
+        # error replies not yet handed to `protocol_errors`, by (protocol, code as sent)
+        self._errors: dict[tuple[str, bytes | str], int] = {}
         self.connections = Gauge(
             "gateway_open_connections",
             "Open client connections",
@@ -37,12 +53,13 @@ class Metrics:
             ["protocol", "reason"],
             registry=self.registry,
         )
-        self.protocol_errors = Counter(
+        self.protocol_errors = _HandedOverCounter(
             "gateway_protocol_errors_total",
             "Bad input answered with the protocol's error reply",
             ["protocol", "code"],
             registry=self.registry,
         )
+        self.protocol_errors._hand_over = self._hand_over_errors
         self.bytes_in = Counter(
             "gateway_bytes_received_total", "Bytes read", ["protocol"], registry=self.registry
         )
@@ -76,10 +93,18 @@ class Metrics:
         self.registry.register(ArchiveCollector(archive))  # type: ignore[arg-type]
 
     def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
-        """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...)."""
-        text = frame_text.decode("latin-1") if isinstance(frame_text, bytes) else frame_text
-        code = text.split(" ", 1)[0] or "unknown"
-        self.protocol_errors.labels(protocol, code[:40]).inc()
+        """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...).
+        Counted here in a dict; the counter takes the counts when it is collected."""
+        code = frame_text.split(b" " if isinstance(frame_text, bytes) else " ", 1)[0]
+        key = (protocol, code[:40])  # as many keys as label values, no more
+        errors = self._errors
+        errors[key] = errors.get(key, 0) + 1
+
+    def _hand_over_errors(self) -> None:
+        errors, self._errors = self._errors, {}
+        for (protocol, code), n in errors.items():
+            text = code.decode("latin-1") if isinstance(code, bytes) else code
+            self.protocol_errors.labels(protocol, text or "unknown").inc(n)
 
 
 def _count_tasks() -> int:
