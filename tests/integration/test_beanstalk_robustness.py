@@ -138,3 +138,23 @@ async def test_a_reserve_with_timeout_after_pipelined_commands_times_out(
         assert await worker.reply() == b"WATCHING 2\r\n"
         assert await worker.reply(timeout=10) == b"TIMED_OUT\r\n"
         assert await worker.reply() == b"USING default\r\n"
+
+
+async def test_a_pipeliner_whose_turns_run_out_gets_every_reply_in_order() -> None:
+    """5,000 puts in one write, applied over many short turns while another connection
+    works: its replies leave every few turns (tcp.PAUSES_PER_FLUSH) and at the end, every
+    one of them, in order; the other connection is answered meanwhile."""
+    async with gateway(limits__turn_microseconds=5) as gw:
+        done: list[int] = []
+        pipeliner = await RawBeanstalk.connect(gw)
+        assert await pipeliner.call(b"use piped\r\n") == b"USING piped\r\n"
+        n = 5000
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_healthy, gw, 50, done)
+            await pipeliner.send(b"put 0 0 60 1\r\nx\r\n" * n + b"list-tube-used\r\n")
+            replies = [await pipeliner.reply() for _ in range(n + 1)]
+        assert all(r.startswith(b"INSERTED ") for r in replies[:n])
+        ids = [int(r.split()[1]) for r in replies[:n]]
+        assert ids == sorted(set(ids))  # in the order put, each once
+        assert replies[n] == b"USING piped\r\n"
+        assert done == list(range(50))

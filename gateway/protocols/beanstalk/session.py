@@ -138,12 +138,13 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         turn.start()
         while True:
             if turn.over():
-                # this connection had its share: what it has done so far is answered
-                # (committed first), then everyone else runs before its next command
+                # this connection had its share: what it has done so far is committed
+                # (and answered, tcp.PAUSES_PER_FLUSH), then everyone else runs
                 if published:
                     await self._commit(start)
                     published = False
-                await self._flush()
+                if turn.flush_due():
+                    await self._flush()
                 await self._turn.pause()
                 out = self._out
                 start = len(out)

@@ -285,10 +285,11 @@ class NATSClientSession(QueuedWriter):
                 if outcome is _CLOSE:
                     await self._flush()
                     return
-                if not self._sending:
-                    await self._flush()
-                else:
-                    self._wake.set()
+                if outcome is _DONE or self._turn.flush_due():  # tcp.PAUSES_PER_FLUSH
+                    if not self._sending:
+                        await self._flush()
+                    else:
+                        self._wake.set()
                 if outcome is _DONE:
                     break
                 # its turn is over (Turn): everyone else runs before the rest of the buffer
