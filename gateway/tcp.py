@@ -170,13 +170,6 @@ _OTHERS_RAN = 0.00002
 # wait a few turns longer; all of them leave once its input runs out, as before.
 PAUSES_PER_FLUSH = 4
 
-# A connection whose turns keep running out (a client pipelining faster than its share)
-# gets its replies written at every this many pauses, not at every one: each write is a
-# system call and a wake-up of the client, paid out of the other connections' time (under
-# the flood test's attackers, a quarter of the gateway's CPU went to them). Its replies
-# wait a few turns longer; all of them leave once its input runs out, as before.
-PAUSES_PER_FLUSH = 4
-
 
 def socket_fd(stream: trio.abc.Stream) -> int | None:
     """The descriptor of a plain TCP stream (None for TLS or anything else)."""
