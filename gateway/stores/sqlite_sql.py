@@ -229,37 +229,30 @@ def _run(
         by_key: dict[tuple[int, int], list[int]] = {}
         for gid, priority, i in deletes:
             by_key.setdefault((gid, priority), []).append(i)
-        released: dict[int, int] = {}
-        for (gid, priority), ids in by_key.items():
-            removed += _delete(
-                db, "grp=? AND priority=? AND id IN (SELECT value FROM json_each(?))",
-                (gid, priority, json.dumps(ids)), released,
-            )  # fmt: skip
-        _release(db, released)
+        removed = _delete(
+            db,
+            "grp=? AND priority=? AND id IN (SELECT value FROM json_each(?))",
+            [(*key, json.dumps(ids)) for key, ids in by_key.items()],
+        )
     return written - removed
 
 
-def _delete(
-    db: sqlite3.Connection, where: str, args: tuple[Any, ...], released: dict[int, int]
-) -> int:
-    """Delete the entries `where` selects, counting them per batch into `released`;
-    returns how many went. The caller hands `released` to `_release` in the same
-    transaction."""
-    n = 0
+def _delete(db: sqlite3.Connection, where: str, params: list[tuple[Any, ...]]) -> int:
+    """Delete the entries `where` selects, once per row of `params`; returns how many
+    went. Their batches come back from the DELETE: each batch's `refs` goes down by its
+    count, and a batch none points at any more goes (its bodies with it)."""
+    released: dict[int, int] = {}
     get = released.get
-    for (batch,) in db.execute(f"DELETE FROM entries WHERE {where} RETURNING batch", args):
-        released[batch] = get(batch, 0) + 1
-        n += 1
-    return n
-
-
-def _release(db: sqlite3.Connection, released: dict[int, int]) -> None:
-    """Each batch's `refs` down by its deleted entries; a batch none points at any more
-    goes (its bodies with it)."""
+    n = 0
+    for args in params:
+        for (batch,) in db.execute(f"DELETE FROM entries WHERE {where} RETURNING batch", args):
+            released[batch] = get(batch, 0) + 1
+            n += 1
     if released:
-        rows = [(n, batch) for batch, n in released.items()]
+        rows = [(count, batch) for batch, count in released.items()]
         db.executemany("DELETE FROM batches WHERE refs <= ? AND id = ?", rows)
         db.executemany("UPDATE batches SET refs = refs - ? WHERE id = ?", rows)
+    return n
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
@@ -289,19 +282,19 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
                     " FROM entries WHERE grp = ?",
                     (gid, backlog),
                 ).rowcount
-        return added - _delete_all(db, "grp = ?", (backlog,))
+        return added - _delete(db, "grp = ?", [(backlog,)])
     elif kind == "G-":
-        gone = _delete_all(db, "grp = ?", (op[1],))
+        gone = _delete(db, "grp = ?", [(op[1],)])
         db.execute("DELETE FROM groups WHERE id = ?", (op[1],))
         return -gone
     elif kind == "T-":
         tid = op[1]
-        gone = _delete_all(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,))
+        gone = _delete(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", [(tid,)])
         db.execute("DELETE FROM groups WHERE topic = ?", (tid,))
         db.execute("DELETE FROM topics WHERE id = ?", (tid,))
         return -gone
     elif kind == "C":
-        return -_delete_all(db, "grp = ?", (op[1],))
+        return -_delete(db, "grp = ?", [(op[1],)])
     elif kind == "PT":
         db.execute("UPDATE topics SET paused = ? WHERE id = ?", (op[2], op[1]))
     elif kind == "PG":
@@ -311,10 +304,3 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
     else:  # pragma: no cover - a programming error, not input
         raise ValueError(f"unknown store op {kind!r}")
     return 0
-
-
-def _delete_all(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> int:
-    released: dict[int, int] = {}
-    n = _delete(db, where, args, released)
-    _release(db, released)
-    return n
