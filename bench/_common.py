@@ -28,6 +28,9 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Protocol, TypeVar
 
+# CPU accounting lives in _cpu.py; the scripts reach it through this module
+from _cpu import process_cpu_seconds, thread_cpu_seconds, wait_cpu_quiet  # noqa: F401
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Every bound listener of the gateway writes this line to stderr (the CLI contract).
@@ -136,10 +139,6 @@ def make_placement(pin: str) -> Placement:
         return Placement("split", frozenset({first}), frozenset({available[1]}))
     raise ValueError(f"--pin must be none, same or split, not {pin!r}")
 
-
-# -- CPU accounting (bench/_cpu.py) ------------------------------------------------------
-
-from _cpu import process_cpu_seconds, thread_cpu_seconds, wait_cpu_quiet  # noqa: E402,F401
 
 # -- the gateway process -----------------------------------------------------------------
 
