@@ -72,6 +72,8 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         self._origin = f"beanstalk {remote}"
         self._turn = Turn(server.turn_budget)
         self._errors_in_a_row = 0
+        # fixed for the process's life: asked on every command
+        self._shared = server.shared
 
     # -- life cycle ------------------------------------------------------------
 
@@ -164,10 +166,10 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 out = self._out  # a reserve that waited has sent what came before
                 start = len(out)  # what came before is committed (or refused)
                 # shared store: the job's deadline is in Redis before the worker has it
-                published = self.server.shared and reply[0:1] == b"R"
+                published = self._shared and reply[0:1] == b"R"
             elif cls in _READS_STORE or (
                 # a job this connection does not hold may be another gateway's
-                cls is ev.Delete and self.server.shared and event.id not in self.reserved  # type: ignore[attr-defined]
+                cls is ev.Delete and self._shared and event.id not in self.reserved  # type: ignore[attr-defined]
             ):
                 # the answer may come from a shared store: what this connection put
                 # must be there first
@@ -177,7 +179,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 reply = await _READS_STORE.get(cls, TubeCommands._delete_anywhere)(self, event)
                 self._errors_in_a_row = 0
                 # a write is committed before its reply, like a put
-                published = self.server.shared and reply.startswith(_STORE_WRITES)
+                published = self._shared and reply.startswith(_STORE_WRITES)
                 out = self._out  # what came before may have been sent meanwhile
                 start = len(out)
             elif cls is ev.Quit:
@@ -203,7 +205,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 else:
                     reply = handler(self, event)
                     self._errors_in_a_row = 0
-                    if cls in _WRITES_STORE and self.server.shared:
+                    if cls in _WRITES_STORE and self._shared:
                         # another gateway's next read sees it: committed before the reply
                         published = True
             out.append(reply)
