@@ -72,8 +72,9 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         self._origin = f"beanstalk {remote}"
         self._turn = Turn(server.turn_budget)
         self._errors_in_a_row = 0
-        # fixed for the process's life: asked on every command
+        # asked on every command, fixed for the process's life (memory store: no commit)
         self._shared = server.shared
+        self._commits = not server.broker.flush_free
 
     # -- life cycle ------------------------------------------------------------
 
@@ -157,7 +158,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
             cls = event.__class__
             if cls is ev.Put:
                 reply = self._put(event)  # type: ignore[arg-type]
-                published = published or reply[0:1] == b"I"
+                published = published or (self._commits and reply[0:1] == b"I")
             elif cls is ev.Reserve or cls is ev.ReserveWithTimeout:
                 if published:
                     await self._commit(start)
@@ -171,8 +172,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 # a job this connection does not hold may be another gateway's
                 cls is ev.Delete and self._shared and event.id not in self.reserved  # type: ignore[attr-defined]
             ):
-                # the answer may come from a shared store: what this connection put
-                # must be there first
+                # the answer may come from a shared store: it must hold what was put here
                 if published:
                     await self._commit(start)
                     published = False
