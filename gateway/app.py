@@ -171,6 +171,7 @@ class Gateway:
             max_suspend=r.max_suspend,
             group_window=r.group_window,
             client_timeout=r.client_timeout,
+            queue_lock_seconds=r.queue_lock_seconds,
             max_output_bytes=r.max_output_bytes,
             delay_levels=tuple(r.delay_levels),
             broker_name=r.broker_name,

@@ -24,6 +24,8 @@ class RocketMQSettings(_Section):
     # messages one (topic, consumer group) holds between delivery and commit
     group_window: int = Field(4096, ge=1)
     client_timeout: float = Field(120.0, gt=0)  # s without heartbeat before a client is dropped
+    # s an orderly consumer's queue lock lasts unless renewed (lockMaxLiveTime)
+    queue_lock_seconds: float = Field(60.0, gt=0)
     max_output_bytes: int = Field(4 * 1024 * 1024, ge=65536)
     # messageDelayLevel in seconds, level 1 first (retries use level 3 + attempt)
     delay_levels: list[float] = Field(

@@ -4,7 +4,7 @@ librocketmq.so), as a peer of the gateway. Prints one JSON object per line.
     rocketmq_cpp_client.py produce '{"nameSrv": "127.0.0.1:9876", "topic": "T",
         "messages": [{"body": "<hex>", "tag": "A", "keys": "k1 k2"}], "repeat": 0}'
     rocketmq_cpp_client.py consume '{"nameSrv": ..., "topic": "T", "group": "G",
-        "expression": "*", "count": 2, "retryFirst": false, "timeout": 30}'
+        "expression": "*", "count": 2, "retryFirst": false, "timeout": 30, "orderly": false}'
 
 The consumer prints `ready` once started, `message` per delivery and `closed` with the
 number handled successfully; it exits 3 if it did not reach `count`. The library logs to
@@ -85,6 +85,7 @@ def consume(opts: dict[str, Any]) -> int:
                 "msgId": msg.id,
                 "reconsumeTimes": msg.reconsume_times,
                 "queueOffset": msg.queue_offset,
+                "queueId": msg.queue_id,
             }
         )
         with lock:
@@ -96,7 +97,8 @@ def consume(opts: dict[str, Any]) -> int:
                 done.set()
         return int(_CConsumeStatus.CONSUME_SUCCESS.value)
 
-    consumer = PushConsumer(opts["group"])
+    # orderly: the library's MessageListenerOrderly, which locks the queues it consumes
+    consumer = PushConsumer(opts["group"], orderly=bool(opts.get("orderly")))
     consumer.set_namesrv_addr(opts["nameSrv"])
     topic, expression = opts["topic"], opts.get("expression", "*")
     ffi_check(dll.Subscribe(consumer._handle, topic.encode(), expression.encode()))

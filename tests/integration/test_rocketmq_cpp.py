@@ -16,9 +16,11 @@ import pytest
 import trio
 
 from gateway.app import Gateway
+from gateway.protocols.rocketmq.codes import RequestCode
 from tests.clients import alions
 from tests.clients.harness import CLIENTS_DIR
 from tests.helpers import running_gateway
+from tests.integration.rocketmq_raw import RawRemoting
 
 pytestmark = [
     pytest.mark.clients,
@@ -119,3 +121,39 @@ async def test_cpp_producer_to_alions_consumer_with_a_compressed_body(tmp_path: 
     assert sorted(alions.unb64(m["body"]) for m in consumer.of("message")) == sorted(
         [big, b"small"]
     )
+
+
+async def test_cpp_orderly_consumer_consumes_only_the_queues_it_holds(tmp_path: Path) -> None:
+    """An orderly C++ consumer (MessageListenerOrderly) alone in its group is given all four
+    queues by its rebalance, but another client holds queue 3's lock: it consumes queues
+    0-2, each in order, and leaves queue 3 alone (it pulls only what it could lock)."""
+    async with rocketmq_gateway() as gw:
+        raw = await RawRemoting.connect(gw)
+        other = {"consumerGroup": "GID_orderly", "clientId": "10.9.9.9@other"}
+        mqs = [{"topic": "Ord", "brokerName": "broker-a", "queueId": 3}]
+        held = await raw.call(
+            RequestCode.LOCK_BATCH_MQ, body=json.dumps(other | {"mqSet": mqs}).encode()
+        )
+        assert json.loads(held.body)["lockOKMQSet"] == mqs
+        for i in range(20):
+            sent = await raw.produce("Ord", b"%d-%02d" % (i % 4, i), queue_id=i % 4)
+            assert sent.code == 0
+        got = await cpp(
+            "consume",
+            {
+                "nameSrv": address(gw),
+                "topic": "Ord",
+                "group": "GID_orderly",
+                "count": 15,
+                "orderly": True,
+            },
+            tmp_path,
+        )
+        await raw.aclose()
+        still = gw.rocketmq.locks.get(("GID_orderly", "Ord", 3))
+    bodies = [bytes.fromhex(m["body"]).decode() for m in got if m["event"] == "message"]
+    assert sorted(bodies) == sorted(f"{i % 4}-{i:02d}" for i in range(20) if i % 4 != 3)
+    for queue in "012":
+        mine = [b for b in bodies if b[0] == queue]
+        assert mine == sorted(mine), f"queue {queue} out of order: {mine}"
+    assert still is not None and still[0] == "10.9.9.9@other"

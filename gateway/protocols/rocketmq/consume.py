@@ -158,16 +158,55 @@ class ConsumeRequests:
         return self.ok(request, body=body)
 
     def _lock(self, request: Request) -> bytes:
-        """LOCK_BATCH_MQ (orderly consumers): every queue asked for is granted. Order within
-        a queue holds as long as one client of the group pulls it, which the clients'
-        rebalancing already ensures."""
+        """LOCK_BATCH_MQ (orderly consumers, every 20 s and on rebalance): the queues this
+        client now holds among those asked for (server.lock_queues)."""
+        group, client_id, asked = self._lock_request(request)
+        granted = self.server.lock_queues(group, client_id, [q for q, _ in asked])
+        held = [mq for (_, mq), ok in zip(asked, granted, strict=True) if ok]
+        body = json.dumps({"lockOKMQSet": held}, separators=(",", ":")).encode()
+        return self.ok(request, body=body)
+
+    def _unlock(self, request: Request) -> bytes:
+        """UNLOCK_BATCH_MQ: a client lets go of queues (after a rebalance took them)."""
+        group, client_id, asked = self._lock_request(request)
+        self.server.unlock_queues(group, client_id, [q for q, _ in asked])
+        return self.ok(request)
+
+    def _lock_request(
+        self, request: Request
+    ) -> tuple[str, str, list[tuple[tuple[str, int], dict[str, Any]]]]:
+        """A (un)lock body, {"consumerGroup", "clientId", "mqSet": [{"topic", "brokerName",
+        "queueId"}]}: the group, the client and each well-formed queue with the object that
+        named it (answered as sent). A queue of no valid topic or out of its topic's range
+        is left out: never granted."""
         try:
             data = json.loads(request.body.decode("utf-8", "replace"))
-            queues = data.get("mqSet", []) if isinstance(data, dict) else []
         except (ValueError, RecursionError):
-            queues = []
-        body = json.dumps({"lockOKMQSet": queues}, separators=(",", ":")).encode()
-        return self.ok(request, body=body)
+            data = None
+        if not isinstance(data, dict):
+            raise rq.BadRequest("the lock request body is not a JSON object")
+        group, client_id = data.get("consumerGroup"), data.get("clientId")
+        if not isinstance(group, str) or not valid_group(group):
+            raise rq.BadRequest(
+                f"consumer group {str(group)[:260]!r} is not a valid RocketMQ group name",
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            )
+        if not isinstance(client_id, str) or not client_id:
+            raise rq.BadRequest("the lock request names no clientId")
+        mqs = data.get("mqSet")
+        asked = []
+        for mq in mqs if isinstance(mqs, list) else []:
+            if not isinstance(mq, dict):
+                continue
+            topic, queue_id = mq.get("topic"), mq.get("queueId")
+            if (
+                isinstance(topic, str)
+                and valid_topic(topic)
+                and type(queue_id) is int
+                and 0 <= queue_id < self.server.queue_count(topic)
+            ):
+                asked.append(((topic, queue_id), mq))
+        return group, client_id, asked
 
     # -- offsets ------------------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ log = logging.getLogger("gateway.rocketmq")
 # Queue choices of RocketMQ producers remembered for the feeds (message id -> queue);
 # past this many the oldest are forgotten and such messages go by id like any other.
 _QUEUE_HINTS: Final = 65536
+# Queue locks kept at most (orderly consumers'; one per group, topic and queue). Past it
+# the expired ones go, and while it is still full a queue nobody holds is not granted.
+_MAX_LOCKS: Final = 65536
 
 
 @dataclass
@@ -67,6 +70,9 @@ class RocketMQServer:
     max_suspend: float = 20.0  # seconds a pull may be held (clients give up after 30)
     group_window: int = 4096  # messages one (topic, group) holds between pull and commit
     client_timeout: float = 120.0  # a member without heartbeat this long is dropped
+    # an orderly consumer's queue lock not renewed this long may go to another client
+    # (the Java broker's rocketmq.broker.rebalance.lockMaxLiveTime)
+    queue_lock_seconds: float = 60.0
     max_output_bytes: int = 4 * 1024 * 1024  # stop reading while this much waits to go
     delay_levels: tuple[float, ...] = DEFAULT_DELAY_LEVELS
     broker_name: str = "broker-a"
@@ -75,6 +81,8 @@ class RocketMQServer:
     sessions: set[RocketMQSession] = field(default_factory=set)
     feeds: dict[tuple[str, str], GroupFeed] = field(default_factory=dict)
     members: dict[str, dict[str, Member]] = field(default_factory=dict)
+    # (group, topic, queue id) -> (clientID holding it, trio clock of its last renewal)
+    locks: dict[tuple[str, str, int], tuple[str, float]] = field(default_factory=dict)
     queue_hints: OrderedDict[int, int] = field(default_factory=OrderedDict)
     send_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     _dead_letters: dict[str, Consumer] = field(default_factory=dict)
@@ -229,6 +237,45 @@ class RocketMQServer:
         for client_id in [c for c, m in members.items() if m.seen < cutoff]:
             self.leave(group, client_id)
         return sorted(self.members.get(group, {}))
+
+    def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> list[bool]:
+        """LOCK_BATCH_MQ: for each (topic, queue id), whether `client_id` holds it for
+        `group` now. A queue is granted (and its lock renewed) when nobody holds it, when
+        this client does, or when its holder has not renewed it for queue_lock_seconds, as
+        the Java broker's RebalanceLockManager does: an orderly consumer pulls only the
+        queues it holds, so one queue is consumed by one client at a time, also while a
+        rebalance moves it. A closed connection does not release its locks (its client may
+        come back under the same id); they expire."""
+        now = trio.current_time()
+        locks = self.locks
+        granted = []
+        for topic, queue_id in queues:
+            key = (group, topic, queue_id)
+            held = locks.get(key)
+            if held is None and len(locks) >= _MAX_LOCKS:
+                self._drop_expired_locks(now)
+            free = held is None and len(locks) < _MAX_LOCKS
+            if free or (held is not None and (held[0] == client_id or self._expired(held, now))):
+                locks[key] = (client_id, now)
+                granted.append(True)
+            else:
+                granted.append(False)
+        return granted
+
+    def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> None:
+        """UNLOCK_BATCH_MQ: release the queues `client_id` holds among these."""
+        for topic, queue_id in queues:
+            key = (group, topic, queue_id)
+            held = self.locks.get(key)
+            if held is not None and held[0] == client_id:
+                del self.locks[key]
+
+    def _expired(self, held: tuple[str, float], now: float) -> bool:
+        return now - held[1] > self.queue_lock_seconds
+
+    def _drop_expired_locks(self, now: float) -> None:
+        for key in [k for k, held in self.locks.items() if self._expired(held, now)]:
+            del self.locks[key]
 
     def sessions_of(self, group: str) -> set[RocketMQSession]:
         return {m.session for m in self.members.get(group, {}).values()}

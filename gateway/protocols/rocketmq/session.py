@@ -84,7 +84,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self._consumer_list,
             RequestCode.CONSUMER_SEND_MSG_BACK: self._send_back,
             RequestCode.LOCK_BATCH_MQ: self._lock,
-            RequestCode.UNLOCK_BATCH_MQ: self._ok,
+            RequestCode.UNLOCK_BATCH_MQ: self._unlock,
             RequestCode.CHECK_CLIENT_CONFIG: self._ok,
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self._route,
             RequestCode.GET_BROKER_CLUSTER_INFO: self._cluster_info,
