@@ -237,3 +237,26 @@ async def test_two_consumers_of_one_group_share_its_queues() -> None:
     # two queues each once they have rebalanced (the producer spreads over all four)
     assert len(got_a) >= n // 4 and len(got_b) >= n // 4, (len(got_a), len(got_b))
     assert got_a | got_b == {unb64(s["body"]) for s in specs}
+
+
+async def test_a_half_message_of_a_transaction_is_refused_and_never_delivered() -> None:
+    """ali-ons marks a message whose TRAN_MSG property is set as a transaction's half
+    message; the gateway keeps no half messages, so it answers NO_PERMISSION, as a Java
+    broker that rejects transactions does, and the send fails at the producer. Nothing
+    reaches the topic: a consumer would otherwise see what a rollback may undo."""
+    async with rocketmq_gateway() as gw, trio.open_nursery() as nursery:
+        options = {
+            "nameSrv": alions.name_server(gw),
+            "topic": "T9",
+            "messages": [message(b"half", "A", props={"TRAN_MSG": "true", "PGROUP": "P"})],
+        }
+        producer = await alions.start(nursery, "produce", options)
+        code = await producer.wait()
+        topic = gw.broker.topics.get("T9")
+        refused = gw.metrics.registry.get_sample_value(
+            "gateway_protocol_errors_total", {"protocol": "rocketmq", "code": "NO_PERMISSION"}
+        )
+    assert code != 0 and not producer.of("sent")
+    assert "still failed" in producer.of("fatal")[0]["message"]
+    assert refused is not None and refused >= 1
+    assert topic is None or topic.message_count == 0

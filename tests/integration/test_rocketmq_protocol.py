@@ -290,6 +290,25 @@ async def test_oneway_requests_get_no_answer_and_unknown_codes_do() -> None:
     )
 
 
+async def test_half_messages_are_refused_and_other_sends_go_on() -> None:
+    """A transaction's half message, by sysFlag (prepared) or by its TRAN_MSG property, is
+    answered NO_PERMISSION with the Java broker's remark and stored nowhere; a message whose
+    TRAN_MSG is not "true" is an ordinary one."""
+    async with rocketmq_gateway() as gw:
+        c = await RawRemoting.connect(gw)
+        by_flag = await c.produce("Tx", b"half", sys_flag=4)
+        by_property = await c.produce("Tx", b"half", properties="TRAN_MSG\x01true\x02")
+        ordinary = await c.produce("Tx", b"plain", properties="TRAN_MSG\x01false\x02")
+        await c.aclose()
+        stored = [m.body for m in gw.broker.topics["Tx"].backlog]
+    host = gw.addresses["rocketmq"][0]
+    for refused in (by_flag, by_property):
+        assert refused.code == ResponseCode.NO_PERMISSION
+        assert refused.remark == f"the broker[{host}] sending transaction message is forbidden"
+    assert ordinary.code == ResponseCode.SUCCESS
+    assert stored == [b"plain"]
+
+
 async def test_admin_state_and_stats_show_rocketmq_groups() -> None:
     async with rocketmq_gateway(http="127.0.0.1:0") as gw:
         c = await RawRemoting.connect(gw)

@@ -43,6 +43,7 @@ RETRY_TOPIC: Final = "RETRY_TOPIC"
 ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 RECONSUME_TIME: Final = "RECONSUME_TIME"
 MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+TRANSACTION_PREPARED: Final = "TRAN_MSG"  # "true" on a transactional producer's half message
 # Set by the sending broker or by the consuming client, never meant to travel on: WAIT is
 # an instruction to the broker, MIN/MAX_OFFSET are added by clients on pull.
 _NOT_KEPT: Final = frozenset((WAIT, "MIN_OFFSET", "MAX_OFFSET"))

@@ -23,6 +23,7 @@ from gateway.protocols.rocketmq.mapping import (
     RECONSUME_TIME,
     RETRY_PREFIX,
     RETRY_TOPIC,
+    TRANSACTION_PREPARED,
     BodyTooLarge,
     dlq_topic,
     header,
@@ -33,6 +34,8 @@ from gateway.protocols.rocketmq.mapping import (
 )
 from gateway.protocols.rocketmq.message import (
     SYSFLAG_COMPRESSED,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
     MalformedBody,
     decode_batch_body,
 )
@@ -101,6 +104,19 @@ class ProduceRequests:
                 raise rq.BadRequest(str(exc), ResponseCode.MESSAGE_ILLEGAL) from None
         return body
 
+    def _refuse_half_message(self, sys_flag: int, headers: list[tuple[str, str]]) -> None:
+        """A transactional producer's half message (property TRAN_MSG, or the prepared
+        sysFlag) is refused with NO_PERMISSION, as by a Java broker configured with
+        rejectTransactionMessage: the gateway keeps no half messages to commit or roll back
+        later, and publishing one at once would show consumers what the producer's
+        transaction may still undo. The producer's send fails, so it knows."""
+        prepared = (sys_flag & SYSFLAG_TRANSACTION_MASK) == SYSFLAG_TRANSACTION_PREPARED
+        if prepared or (TRANSACTION_PREPARED, "true") in headers:
+            raise rq.BadRequest(
+                f"the broker[{self.server.advertised[0]}] sending transaction message is forbidden",
+                ResponseCode.NO_PERMISSION,
+            )
+
     def _delay(self, headers: list[tuple[str, str]]) -> float:
         level = 0
         for name, value in headers:
@@ -115,6 +131,7 @@ class ProduceRequests:
         sys_flag = rq.integer(fields, "sysFlag", 0)
         body = self._body(request, request.body, sys_flag)
         headers = headers_from_properties(fields.ext_fields.get("properties", ""))
+        self._refuse_half_message(sys_flag, headers)
         reconsume = rq.integer(fields, "reconsumeTimes", 0)
         if topic.startswith(RETRY_PREFIX) and reconsume > 0:
             # ali-ons resends a failed message itself when CONSUMER_SEND_MSG_BACK failed,
@@ -131,6 +148,7 @@ class ProduceRequests:
         fields = self._send_fields(request)
         topic = rq.topic(fields)
         sys_flag = rq.integer(fields, "sysFlag", 0)
+        self._refuse_half_message(sys_flag, [])
         try:
             entries = decode_batch_body(request.body)
         except MalformedBody as exc:
