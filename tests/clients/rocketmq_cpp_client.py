@@ -4,7 +4,8 @@ librocketmq.so), as a peer of the gateway. Prints one JSON object per line.
     rocketmq_cpp_client.py produce '{"nameSrv": "127.0.0.1:9876", "topic": "T",
         "messages": [{"body": "<hex>", "tag": "A", "keys": "k1 k2"}], "repeat": 0}'
     rocketmq_cpp_client.py consume '{"nameSrv": ..., "topic": "T", "group": "G",
-        "expression": "*", "count": 2, "retryFirst": false, "timeout": 30, "orderly": false}'
+        "expression": "*", "count": 2, "retryFirst": false, "timeout": 30, "orderly": false,
+        "broadcasting": false}'
 
 The consumer prints `ready` once started, `message` per delivery and `closed` with the
 number handled successfully; it exits 3 if it did not reach `count`. The library logs to
@@ -21,7 +22,7 @@ from typing import Any
 
 from rocketmq.client import Message, Producer, PushConsumer, RecvMessage
 from rocketmq.exceptions import ffi_check
-from rocketmq.ffi import _CConsumeStatus, dll
+from rocketmq.ffi import MessageModel, _CConsumeStatus, dll
 
 
 def out(obj: dict[str, Any]) -> None:
@@ -97,8 +98,10 @@ def consume(opts: dict[str, Any]) -> int:
                 done.set()
         return int(_CConsumeStatus.CONSUME_SUCCESS.value)
 
-    # orderly: the library's MessageListenerOrderly, which locks the queues it consumes
-    consumer = PushConsumer(opts["group"], orderly=bool(opts.get("orderly")))
+    # orderly: the library's MessageListenerOrderly, which locks the queues it consumes;
+    # broadcasting: every client of the group gets every message, offsets kept locally
+    model = MessageModel.BROADCASTING if opts.get("broadcasting") else MessageModel.CLUSTERING
+    consumer = PushConsumer(opts["group"], orderly=bool(opts.get("orderly")), message_model=model)
     consumer.set_namesrv_addr(opts["nameSrv"])
     topic, expression = opts["topic"], opts.get("expression", "*")
     ffi_check(dll.Subscribe(consumer._handle, topic.encode(), expression.encode()))

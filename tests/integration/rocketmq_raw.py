@@ -93,14 +93,16 @@ class RawRemoting:
             body,
         )
 
-    async def heartbeat(self, client_id: str, group: str, topics: dict[str, str]) -> Response:
+    async def heartbeat(
+        self, client_id: str, group: str, topics: dict[str, str], model: str = "CLUSTERING"
+    ) -> Response:
         body = {
             "clientID": client_id,
             "consumerDataSet": [
                 {
                     "groupName": group,
                     "consumeType": "CONSUME_PASSIVELY",
-                    "messageModel": "CLUSTERING",
+                    "messageModel": model,
                     "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
                     "subscriptionDataSet": [
                         {"topic": t, "subString": s, "subVersion": 1} for t, s in topics.items()

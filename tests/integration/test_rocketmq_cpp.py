@@ -18,7 +18,7 @@ import trio
 from gateway.app import Gateway
 from gateway.protocols.rocketmq.codes import RequestCode
 from tests.clients import alions
-from tests.clients.harness import CLIENTS_DIR
+from tests.clients.harness import CLIENTS_DIR, wait_until
 from tests.helpers import running_gateway
 from tests.integration.rocketmq_raw import RawRemoting
 
@@ -157,3 +157,43 @@ async def test_cpp_orderly_consumer_consumes_only_the_queues_it_holds(tmp_path: 
         mine = [b for b in bodies if b[0] == queue]
         assert mine == sorted(mine), f"queue {queue} out of order: {mine}"
     assert still is not None and still[0] == "10.9.9.9@other"
+
+
+async def test_cpp_broadcasting_consumers_each_get_every_message(tmp_path: Path) -> None:
+    """Two BROADCASTING C++ consumers of one group each get every message (a CLUSTERING
+    group of the same topic, each message once); each reads through a group of its own,
+    which its pulls acknowledge and which goes when it leaves."""
+    bodies = [b"b%02d" % i for i in range(12)]
+    got: dict[str, list[dict[str, Any]]] = {}
+
+    async def consumer(name: str, options: dict[str, Any]) -> None:
+        home = tmp_path / name  # each its own HOME: the library keeps offsets there
+        home.mkdir()
+        got[name] = await cpp("consume", options, home)
+
+    async with rocketmq_gateway() as gw:
+        common = {"nameSrv": address(gw), "topic": "Bc", "count": len(bodies), "timeout": 40}
+        async with trio.open_nursery() as nursery:
+            for name in ("one", "two"):
+                options = common | {"group": "GID_bc", "broadcasting": True}
+                nursery.start_soon(consumer, name, options)
+            nursery.start_soon(consumer, "clustered", common | {"group": "GID_cl"})
+            # both broadcast clients and the clustered one are waiting in a pull of each
+            # queue: a broadcast client starts from the end, so only then is every one
+            # of the messages after its start
+            await wait_until(
+                lambda: sum(s.held_pulls for s in gw.rocketmq.sessions) >= 12,
+                "three consumers holding a pull of each of the four queues",
+            )
+            groups = sorted(g.name for g in gw.broker.topics["Bc"].groups.values())
+            raw = await RawRemoting.connect(gw)
+            for i, body in enumerate(bodies):
+                assert (await raw.produce("Bc", body, queue_id=i % 4)).code == 0
+            await raw.aclose()
+        left = sorted(gw.broker.topics["Bc"].groups)
+    for name in ("one", "two", "clustered"):
+        received = [bytes.fromhex(m["body"]) for m in got[name] if m["event"] == "message"]
+        assert sorted(received) == bodies, name
+    assert len(groups) == 3 and "GID_cl" in groups, groups
+    assert all(g.startswith("GID_bc@") for g in groups if g != "GID_cl")
+    assert left == ["GID_cl"]  # the broadcast clients' groups went with them

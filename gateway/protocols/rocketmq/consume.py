@@ -57,6 +57,8 @@ class ConsumeRequests:
     server: RocketMQServer
     remote: str
     registered: set[tuple[str, str]]
+    broadcast: dict[str, str]
+    heartbeat_seen: trio.Event | None  # None once the connection's first heartbeat came
     held_pulls: int
 
     def ok(
@@ -76,6 +78,9 @@ class ConsumeRequests:
     def spawn(self, task: Any) -> None:
         raise NotImplementedError  # pragma: no cover - the session's
 
+    def _answer(self, request: Request) -> Any:
+        raise NotImplementedError  # pragma: no cover - the session's
+
     # -- membership ---------------------------------------------------------------------------
 
     def _heartbeat(self, request: Request) -> bytes:
@@ -92,12 +97,20 @@ class ConsumeRequests:
         for consumer in consumers if isinstance(consumers, list) else []:
             if isinstance(consumer, dict):
                 self._register(client_id, consumer)
+        if self.heartbeat_seen is not None:
+            self.heartbeat_seen.set()  # the pulls that waited for it go on
+            self.heartbeat_seen = None
         return self.ok(request)
 
     def _register(self, client_id: str, consumer: dict[str, Any]) -> None:
         group = consumer.get("groupName")
         if not isinstance(group, str) or not valid_group(group):
             return
+        model = consumer.get("messageModel")  # by name (Java, ali-ons) or ordinal (C++)
+        if model == "BROADCASTING" or (type(model) is int and model == 0):
+            own = self.server.broadcast_group(group, client_id)
+            self.broadcast[group] = own
+            group = own
         subscriptions = consumer.get("subscriptionDataSet") or []
         for sub in subscriptions if isinstance(subscriptions, list) else []:
             if not isinstance(sub, dict):
@@ -133,6 +146,7 @@ class ConsumeRequests:
     def _unregister(self, request: Request) -> bytes:
         client_id = request.ext_fields.get("clientID", "")
         group = request.ext_fields.get("consumerGroup", "")
+        group = self.broadcast.pop(group, group)
         if group:
             self.registered.discard((group, client_id))
             if self.server.leave(group, client_id):
@@ -149,7 +163,7 @@ class ConsumeRequests:
 
     def _consumer_list(self, request: Request) -> bytes:
         group = rq.text(request, "consumerGroup")
-        ids = self.server.client_ids(group)
+        ids = self.server.client_ids(self.broadcast.get(group, group))
         if not ids:
             return self.error(
                 request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group[:260]}"
@@ -210,9 +224,15 @@ class ConsumeRequests:
 
     # -- offsets ------------------------------------------------------------------------------
 
+    def _group(self, request: Request) -> str:
+        """The request's consumer group, or the group this connection's BROADCASTING
+        client reads it through."""
+        group = rq.group(request, "consumerGroup")
+        return self.broadcast.get(group, group)
+
     def _queue_feed(self, request: Request) -> tuple[GroupFeed | None, int]:
         topic = rq.topic(request)
-        group = rq.group(request, "consumerGroup")
+        group = self._group(request)
         queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
         return self.server.existing_feed(topic, group), queue_id
 
@@ -237,10 +257,15 @@ class ConsumeRequests:
         return self.ok(request)
 
     def _offsets(self, request: Request) -> list[tuple[GroupFeed, int]]:
-        """The queue in every group's feed of the topic (these requests name no group)."""
+        """The queue in every group's feed of the topic (these requests name no group), or
+        in its own feed for a BROADCASTING client (which starts from the maximum offset:
+        its own, not another group's, or it would be moved back and wait for a rebalance)."""
         topic = rq.topic(request)
         queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
-        return [(feed, queue_id) for feed in self.server.topic_feeds(topic)]
+        server = self.server
+        own = [server.existing_feed(topic, group) for group in self.broadcast.values()]
+        feeds = [f for f in own if f is not None] or server.topic_feeds(topic)
+        return [(feed, queue_id) for feed in feeds]
 
     def _max_offset(self, request: Request) -> bytes:
         logs = [feed.queues[q] for feed, q in self._offsets(request)]
@@ -269,7 +294,7 @@ class ConsumeRequests:
     def _pull(self, request: Request) -> bytes | None:
         server = self.server
         topic = rq.topic(request)
-        group = rq.group(request, "consumerGroup")
+        group = self._group(request)
         queue_id = rq.queue_id(request, topic, server.queue_count(topic))
         offset = rq.integer(request, "queueOffset")
         count = max(1, min(rq.integer(request, "maxMsgNums", 32), MAX_PULL_COUNT))
@@ -281,6 +306,11 @@ class ConsumeRequests:
                 ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                 f"the gateway filters by tag only, not by {kind[:20]}",
             )
+        if self.heartbeat_seen is not None and server.broadcasts(group):
+            # a BROADCASTING group, from a connection whose client has not said who it is
+            # (one that reconnected: its next heartbeat comes within 30 s); whose group
+            # to read is known only then
+            return self._pull_before_heartbeat(request, offset, sys_flag)
         if sys_flag & PULL_SUBSCRIPTION:
             feed = server.feed(topic, group)
             self._subscribe(
@@ -306,6 +336,8 @@ class ConsumeRequests:
             commit = rq.integer(request, "commitOffset", -1)
             if commit >= 0:
                 feed.commit(queue_id, commit)
+        elif group in server.broadcasting:
+            feed.commit(queue_id, offset)  # it has what it pulled before (server.py)
         result = feed.pull(queue_id, offset, count, subscription)
         if result.status == "none" and sys_flag & PULL_SUSPEND and self.held_pulls < MAX_HELD:
             suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
@@ -317,6 +349,30 @@ class ConsumeRequests:
                 )
                 return None
         return self._pull_answer(request, feed, queue_id, result)
+
+    def _pull_before_heartbeat(self, request: Request, offset: int, sys_flag: int) -> bytes | None:
+        """Held until the connection's first heartbeat, then answered as any pull is; past
+        the suspend time without one (or at once, for a pull that may not be held),
+        PULL_NOT_FOUND, and the client pulls again."""
+        seen = self.heartbeat_seen
+        suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
+        hold = min(max(suspend, 0.0), self.server.max_suspend)
+        if seen is None or not sys_flag & PULL_SUSPEND or hold <= 0 or self.held_pulls >= MAX_HELD:
+            return _not_found(request, offset)
+
+        async def wait() -> None:
+            self.held_pulls += 1
+            try:
+                with trio.move_on_after(hold):
+                    await seen.wait()
+            finally:
+                self.held_pulls -= 1
+            answer = self._answer(request) if seen.is_set() else _not_found(request, offset)
+            if answer is not None:
+                self.send_frames([answer])
+
+        self.spawn(wait)
+        return None
 
     async def _hold(
         self,
@@ -364,3 +420,19 @@ class ConsumeRequests:
             body=b"".join(result.records),
             serialize_type=request.serialize_type,
         )
+
+
+def _not_found(request: Request, offset: int) -> bytes:
+    """PULL_NOT_FOUND with no feed behind it: the client pulls from `offset` again."""
+    return encode_response(
+        request.opaque,
+        ResponseCode.PULL_NOT_FOUND,
+        remark="NO_NEW_MESSAGE",
+        ext_fields={
+            "suggestWhichBrokerId": 0,
+            "nextBeginOffset": offset,
+            "minOffset": offset,
+            "maxOffset": offset,
+        },
+        serialize_type=request.serialize_type,
+    )

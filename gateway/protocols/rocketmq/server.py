@@ -83,6 +83,8 @@ class RocketMQServer:
     members: dict[str, dict[str, Member]] = field(default_factory=dict)
     # (group, topic, queue id) -> (clientID holding it, trio clock of its last renewal)
     locks: dict[tuple[str, str, int], tuple[str, float]] = field(default_factory=dict)
+    # the groups of BROADCASTING clients, one per client (broadcast_group)
+    broadcasting: set[str] = field(default_factory=set)
     queue_hints: OrderedDict[int, int] = field(default_factory=OrderedDict)
     send_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     _dead_letters: dict[str, Consumer] = field(default_factory=dict)
@@ -179,7 +181,7 @@ class RocketMQServer:
         feed = self.feeds.get(key)
         if feed is not None and not feed.closed:
             return feed
-        broker_group = self.broker.group(topic, group)
+        broker_group = self.broker.group(topic, group, ephemeral=group in self.broadcasting)
         feed = GroupFeed(
             broker_group,
             topic,
@@ -225,8 +227,30 @@ class RocketMQServer:
             return False
         if not members:
             del self.members[group]
+            if group in self.broadcasting:
+                self._drop_broadcast(group)
         self._describe(group)
         return True
+
+    def broadcast_group(self, group: str, client_id: str) -> str:
+        """The group through which a BROADCASTING consumer's client reads `group`: one of
+        its own, `<group>@<clientID>`, so that every client of the group gets every
+        message. Such a client keeps its offsets itself and commits none, so its pulls
+        acknowledge what they pass (a broadcast message is not retried). Its broker groups
+        are ephemeral: nothing is kept for a client that is gone, and they go with it."""
+        name = f"{group}@{client_id}"
+        self.broadcasting.add(name)
+        return name
+
+    def broadcasts(self, group: str) -> bool:
+        """Whether clients read `group` BROADCASTING (each through a group of its own)."""
+        prefix = f"{group}@"
+        return any(name.startswith(prefix) for name in self.broadcasting)
+
+    def _drop_broadcast(self, group: str) -> None:
+        self.broadcasting.discard(group)
+        for key in [k for k in self.feeds if k[1] == group]:
+            self.feeds.pop(key).close()  # its ephemeral broker group goes with it
 
     def client_ids(self, group: str) -> list[str]:
         """Live members; those silent past client_timeout are dropped first."""

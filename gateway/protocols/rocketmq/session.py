@@ -56,6 +56,9 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)
         self.origin = f"{PROTOCOL} {remote}"
         self.registered: set[tuple[str, str]] = set()  # (consumer group, clientID)
+        # consumer group -> the group its BROADCASTING client reads through (server.py)
+        self.broadcast: dict[str, str] = {}
+        self.heartbeat_seen: trio.Event | None = trio.Event()  # set by the first heartbeat
         self._fd = socket_fd(stream)
         self._out: list[bytes] = []
         self._pending = 0
