@@ -316,6 +316,9 @@ def sample(pid: int, http: Address) -> dict[str, float]:
     return {"rss_mb": rss, "fds": fds, "tasks": tasks}
 
 
+SLOW_NATS_PENDING = 4 * 1024 * 1024  # bytes a slow NATS subscriber may fall behind (main)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--seconds", type=float, default=600.0)
@@ -329,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     global LIFE
     LIFE = (LIFE[0] / args.churn, LIFE[1] / args.churn)
     data = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
+    # The slow NATS subscriber falls behind the publisher, and what waits for it is held up
+    # to nats_server.max_pending (64 MB, nats-server's default) before it is cut off as a
+    # slow consumer: a bounded buffer, but one that fills for most of a 10-minute run and
+    # would read as growth. A small bound fills within the warm-up, so that the RSS
+    # verdict measures leaks, not that buffer.
+    os.environ.setdefault("GATEWAY_NATS_SERVER__MAX_PENDING", str(SLOW_NATS_PENDING))
     gw = GatewayProcess(
         ["serve", "--data-dir", str(data / "data"), "--nsq", "127.0.0.1:0",
          "--beanstalk", "127.0.0.1:0", "--nats", "127.0.0.1:0", "--http", "127.0.0.1:0",
