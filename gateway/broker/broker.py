@@ -194,14 +194,10 @@ class Broker:
         await self.store.flush()
 
     @property
-    def flush_free(self) -> bool:
-        """Whether `flush()` returns at once and never raises (the memory store)."""
-        return self.store.flush_free
-
-    @property
     def flush_waits(self) -> bool:
-        """Whether `flush()` waits for a disk or a server (not so for the memory store):
-        a session then does well to commit more publishes at once."""
+        """Whether `flush()` waits for a disk or a server: a session then does well to
+        commit more publishes at once. When not (the memory store), flush() returns at once
+        and never fails, and a session need not await it at all."""
         return self.store.durable or self.store.shares
 
     async def kick(self, group: Group, bound: int) -> int:

@@ -131,9 +131,6 @@ class Store(abc.ABC):
     # True when nothing recorded could ever be read back (memory:// in a gateway: the
     # process is all it has): topics and groups then record their messages nowhere
     forgets: bool = False
-    # True when flush() returns at once and never raises (memory): a session that would
-    # await it for every publish may skip it
-    flush_free: ClassVar[bool] = False
 
     failed: StoreError | None = None  # set while writes fail; cleared when they succeed
 

@@ -104,7 +104,6 @@ class MemoryStore(Store):
     store call."""
 
     durable = False
-    flush_free = True  # accepted the moment it is recorded (flush(), below)
 
     def __init__(self, *, forgets: bool = False) -> None:
         self._topics: dict[str, _Topic] = {}

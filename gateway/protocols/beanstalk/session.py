@@ -74,7 +74,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         self._errors_in_a_row = 0
         # asked on every command, fixed for the process's life (memory store: no commit)
         self._shared = server.shared
-        self._commits = not server.broker.flush_free
+        self._commits = server.broker.flush_waits
 
     # -- life cycle ------------------------------------------------------------
 
