@@ -199,12 +199,8 @@ class ConsumeRequests:
             data = None
         if not isinstance(data, dict):
             raise rq.BadRequest("the lock request body is not a JSON object")
-        group, client_id = data.get("consumerGroup"), data.get("clientId")
-        if not isinstance(group, str) or not valid_group(group):
-            raise rq.BadRequest(
-                f"consumer group {str(group)[:260]!r} is not a valid RocketMQ group name",
-                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-            )
+        group = rq.group_name(data.get("consumerGroup"))
+        client_id = data.get("clientId")
         if not isinstance(client_id, str) or not client_id:
             raise rq.BadRequest("the lock request names no clientId")
         mqs = data.get("mqSet")
@@ -340,8 +336,7 @@ class ConsumeRequests:
             feed.commit(queue_id, offset)  # it has what it pulled before (server.py)
         result = feed.pull(queue_id, offset, count, subscription)
         if result.status == "none" and sys_flag & PULL_SUSPEND and self.held_pulls < MAX_HELD:
-            suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
-            hold = min(max(suspend, 0.0), server.max_suspend)
+            hold = self._hold_seconds(request)
             if hold > 0:
                 until = trio.current_time() + hold
                 self.spawn(
@@ -355,8 +350,7 @@ class ConsumeRequests:
         the suspend time without one (or at once, for a pull that may not be held),
         PULL_NOT_FOUND, and the client pulls again."""
         seen = self.heartbeat_seen
-        suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
-        hold = min(max(suspend, 0.0), self.server.max_suspend)
+        hold = self._hold_seconds(request)
         if seen is None or not sys_flag & PULL_SUSPEND or hold <= 0 or self.held_pulls >= MAX_HELD:
             return _not_found(request, offset)
 
@@ -373,6 +367,11 @@ class ConsumeRequests:
 
         self.spawn(wait)
         return None
+
+    def _hold_seconds(self, request: Request) -> float:
+        """How long a pull may be held: its suspendTimeoutMillis, at most max_suspend."""
+        suspend = rq.integer(request, "suspendTimeoutMillis", 15000) / 1000
+        return min(max(suspend, 0.0), self.server.max_suspend)
 
     async def _hold(
         self,
@@ -404,35 +403,29 @@ class ConsumeRequests:
     def _pull_answer(
         self, request: Request, feed: GroupFeed, queue_id: int, result: PullResult
     ) -> bytes:
-        code, remark = _PULL_CODES[result.status]
         log = feed.queues[queue_id]
-        ext = {
-            "suggestWhichBrokerId": 0,
-            "nextBeginOffset": result.next_offset,
-            "minOffset": log.min_offset,
-            "maxOffset": log.next_offset,
-        }
-        return encode_response(
-            request.opaque,
-            code,
-            remark=remark,
-            ext_fields=ext,
-            body=b"".join(result.records),
-            serialize_type=request.serialize_type,
-        )
+        return _pull_frame(request, result, log.min_offset, log.next_offset)
+
+
+def _pull_frame(request: Request, result: PullResult, low: int, high: int) -> bytes:
+    """A pull's answer: its status, where to pull next, the queue's offsets, the records."""
+    code, remark = _PULL_CODES[result.status]
+    ext = {
+        "suggestWhichBrokerId": 0,
+        "nextBeginOffset": result.next_offset,
+        "minOffset": low,
+        "maxOffset": high,
+    }
+    return encode_response(
+        request.opaque,
+        code,
+        remark=remark,
+        ext_fields=ext,
+        body=b"".join(result.records),
+        serialize_type=request.serialize_type,
+    )
 
 
 def _not_found(request: Request, offset: int) -> bytes:
     """PULL_NOT_FOUND with no feed behind it: the client pulls from `offset` again."""
-    return encode_response(
-        request.opaque,
-        ResponseCode.PULL_NOT_FOUND,
-        remark="NO_NEW_MESSAGE",
-        ext_fields={
-            "suggestWhichBrokerId": 0,
-            "nextBeginOffset": offset,
-            "minOffset": offset,
-            "maxOffset": offset,
-        },
-        serialize_type=request.serialize_type,
-    )
+    return _pull_frame(request, PullResult("none", offset), offset, offset)

@@ -58,10 +58,14 @@ def topic(request: Request, name: str = "topic") -> str:
 
 
 def group(request: Request, name: str) -> str:
-    value = text(request, name)
-    if not valid_group(value):
+    return group_name(text(request, name))
+
+
+def group_name(value: object) -> str:
+    """`value` if it is a valid consumer group name (from a header field or a JSON body)."""
+    if not isinstance(value, str) or not valid_group(value):
         raise BadRequest(
-            f"consumer group {value[:260]!r} is not a valid RocketMQ group name",
+            f"consumer group {str(value)[:260]!r} is not a valid RocketMQ group name",
             ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
         )
     return value
