@@ -276,14 +276,15 @@ class RocketMQServer:
         for topic, queue_id in queues:
             key = (group, topic, queue_id)
             held = locks.get(key)
-            if held is None and len(locks) >= _MAX_LOCKS:
-                self._drop_expired_locks(now)
-            free = held is None and len(locks) < _MAX_LOCKS
-            if free or (held is not None and (held[0] == client_id or self._expired(held, now))):
-                locks[key] = (client_id, now)
-                granted.append(True)
+            if held is None:
+                if len(locks) >= _MAX_LOCKS:
+                    self._drop_expired_locks(now)
+                ok = len(locks) < _MAX_LOCKS
             else:
-                granted.append(False)
+                ok = held[0] == client_id or self._expired(held, now)
+            if ok:
+                locks[key] = (client_id, now)
+            granted.append(ok)
         return granted
 
     def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> None:
