@@ -383,29 +383,36 @@ class QueuedWriter:
                     chunks, self._out = self._out[:gate], self._out[gate:]
                     self._gate = 0
                     pending = min(self._pending, sum(map(len, chunks)))
-                self._buffered.total -= pending
-                self._pending -= pending
                 if pending <= _WRITE_SIZE:
                     rest = self._write_now(b"".join(chunks))
                     if rest is not None:
                         await self._send_all(rest)
-                    continue
-                # Bodies in the queue are shared with the broker's; joining them all
-                # would copy up to RDY x max-msg-size at once: bounded pieces instead.
-                start = size = 0
-                for i, chunk in enumerate(chunks):
-                    size += len(chunk)
-                    if size >= _WRITE_SIZE or i == len(chunks) - 1:
-                        rest = self._write_now(b"".join(chunks[start : i + 1]))
-                        if rest is not None:
-                            await self._send_all(rest)
-                        start, size = i + 1, 0
+                else:
+                    await self._write_pieces(chunks)
+                # Counted down once written, not when taken: what a blocked send still
+                # holds counts against the slow-consumer bounds, as in nats-server's
+                # pending bytes; else a client that stops reading could pin twice its
+                # bound (one batch in the send, as much again queued behind it).
+                self._buffered.total -= pending
+                self._pending -= pending
         finally:
             self._sending = False
             idle = self._idle
             if idle is not None:
                 self._idle = None
                 idle.set()
+
+    async def _write_pieces(self, chunks: list[bytes]) -> None:
+        # Bodies in the queue are shared with the broker's; joining them all would copy
+        # up to RDY x max-msg-size at once: bounded pieces instead.
+        start = size = 0
+        for i, chunk in enumerate(chunks):
+            size += len(chunk)
+            if size >= _WRITE_SIZE or i == len(chunks) - 1:
+                rest = self._write_now(b"".join(chunks[start : i + 1]))
+                if rest is not None:
+                    await self._send_all(rest)
+                start, size = i + 1, 0
 
     def _write_now(self, data: bytes) -> bytes | memoryview | None:
         """Encode and count `data`, and write what the socket takes at once (plain TCP:

@@ -172,6 +172,49 @@ async def test_a_nats_subscriber_that_stops_reading_is_cut_off() -> None:
         assert grown_mb < 32, f"peak RSS grew {grown_mb:.0f} MB for 64 MB published"
 
 
+async def test_what_a_blocked_send_holds_counts_against_max_pending_bytes() -> None:
+    """A subscriber stops reading while the gateway's writer is in the middle of sending
+    it a large batch: the bytes of that batch still count (as nats-server counts its
+    pending bytes until written), so a second batch as large takes it past
+    max_pending_bytes and it is cut off, instead of the gateway holding twice the bound
+    for it."""
+    limit = 1024 * 1024
+    size = 16384
+    burst = b"PUB big %d\r\n%s\r\n" % (size, b"b" * size) * 48  # 768 KiB: under the bound
+    delivered = 48 * len(b"MSG big 1 %d\r\n%s\r\n" % (size, b"b" * size))
+    async with running_gateway(nats="127.0.0.1:0", limits__max_pending_bytes=limit) as gw:
+        address = gw.addresses["nats"]
+        slow = await nats_client(address)
+        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await slow.send_all(b"SUB big 1\r\nPING\r\n")
+        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        publisher = await nats_client(address)
+        with trio.fail_after(10):
+            await publisher.send_all(burst + b"PING\r\n")
+            await read_until(publisher, b"PONG\r\n")
+            await trio.testing.wait_all_tasks_blocked()  # its writer is blocked in a send
+            # The writer took the first frames as they came; the rest queued behind them.
+            # Reading all that is not queued lets that send end, and the writer then
+            # takes all the rest in one batch and blocks in its send.
+            session = next(s for s in gw.nats.sessions if s.subs)
+            received, queued = 0, sum(map(len, session._out))
+            while received < delivered - queued:
+                received += len(await slow.receive_some(1 << 20))
+            await trio.testing.wait_all_tasks_blocked()
+        assert session._sending and not session._out  # all of it is in the blocked send
+        assert gw.nats.buffered.total > limit // 2  # ... and still counted
+        errors = {"protocol": "nats", "code": "SLOW_CONSUMER"}
+        assert counted(gw, "gateway_protocol_errors_total", **errors) == 0
+        with trio.fail_after(10):
+            await publisher.send_all(burst + b"PING\r\n")
+            await read_until(publisher, b"PONG\r\n")
+            while await slow.receive_some(1 << 20):  # cut off: what it can still read ends
+                pass
+            await trio.testing.wait_all_tasks_blocked()  # its clean-up ran
+        assert counted(gw, "gateway_protocol_errors_total", **errors) == 1
+        assert gw.nats.buffered.total == 0  # counted down once, by the write or the close
+
+
 async def test_max_buffered_bytes_bounds_all_slow_readers_together() -> None:
     """Three NATS subscribers stop reading, each below max_pending_bytes, together above
     max_buffered_bytes (2 MB): past it, those holding more than max_pending_bytes / 64

@@ -39,7 +39,6 @@ from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
 log = logging.getLogger("gateway.rocketmq")
 
 _RECEIVE_SIZE = 65536
-_BLOCKED_POLL = 0.01  # s between looks at a writer blocked by a peer that does not read
 PROTOCOL = "rocketmq"
 
 Answer = bytes | PendingSend | None
@@ -127,10 +126,8 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         while True:
             # the peer does not read its answers: neither do we read its requests, until
             # what waits is written (the writer may be blocked in a send right now)
-            while self._pending > limit and self._sending:
-                await trio.sleep(_BLOCKED_POLL)
             if self._pending > limit:
-                await self._flush()
+                await self._flush_all()
             data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
             if not data:
                 return
