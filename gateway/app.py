@@ -143,6 +143,7 @@ class Gateway:
             max_payload=n.max_payload,
             max_pending=min(n.max_pending, s.limits.max_pending_bytes),
             max_control_line=n.max_control_line,
+            write_deadline=n.write_deadline,
             ping_interval=n.ping_interval,
             ping_max=n.ping_max,
             turn_budget=s.limits.turn_microseconds / 1e6,

@@ -107,6 +107,8 @@ class NATSServerSettings(_Section):
 
     max_payload: int = Field(1048576, ge=1, le=64 * 1024 * 1024)
     max_pending: int = Field(64 * 1024 * 1024, ge=65536)  # past it a client is a slow consumer
+    # seconds a write to a client may wait for its socket; past it, a slow consumer too
+    write_deadline: float = Field(10.0, gt=0)
     max_control_line: int = Field(4096, ge=256)
     ping_interval: float = Field(120.0, gt=0)  # seconds between PINGs to an idle client
     ping_max: int = Field(2, ge=1)  # unanswered PINGs before 'Stale Connection'

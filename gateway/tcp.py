@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -351,6 +352,9 @@ class QueuedWriter:
     _blocked = False  # a send is waiting for the socket now
     _blocked_sends = 0  # sends that had to wait for the socket, and finished
     _idle: trio.Event | None = None  # set when the sender under way is done (_settle)
+    # a send that waits longer than this for the socket ends the connection (nats-server's
+    # write_deadline); inf: it may wait for ever (the session's byte bounds cut it instead)
+    _write_deadline = math.inf
 
     async def _writer(self) -> None:
         while True:
@@ -431,10 +435,19 @@ class QueuedWriter:
     async def _send_all(self, data: bytes | memoryview) -> None:
         self._blocked = True
         try:
-            await self.stream.send_all(data)
+            with trio.move_on_after(self._write_deadline) as waited:
+                await self.stream.send_all(data)
+            if waited.cancelled_caught:
+                self._write_stalled()
+                # part of a frame may have left: nothing can follow it on this connection
+                raise trio.BrokenResourceError("write deadline exceeded")
         finally:
             self._blocked = False
             self._blocked_sends += 1
+
+    def _write_stalled(self) -> None:
+        """A send waited past `_write_deadline`; the connection ends. A session whose
+        protocol sets a deadline says so and counts it."""
 
     async def _settle(self) -> None:
         """Wait until no send is under way (the writer task's, blocked on a socket that

@@ -215,6 +215,45 @@ async def test_what_a_blocked_send_holds_counts_against_max_pending_bytes() -> N
         assert gw.nats.buffered.total == 0  # counted down once, by the write or the close
 
 
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.05)
+
+
+async def test_a_write_that_waits_past_write_deadline_cuts_the_subscriber_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A subscriber stops reading with far less than max_pending waiting for it: once a
+    write to it has waited write_deadline (10 s by default, as nats-server's), it is cut
+    off as a slow consumer, with nothing said on the wire, as nats-server does; the
+    publisher goes on. The time is the mock clock's."""
+    size = 65536
+    burst = b"PUB big %d\r\n%s\r\n" % (size, b"w" * size) * 128  # 8 MiB: more than sockets hold
+    errors = {"protocol": "nats", "code": "SLOW_CONSUMER"}
+    async with running_gateway(nats="127.0.0.1:0") as gw:
+        address = gw.addresses["nats"]
+        slow = await nats_client(address)
+        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await slow.send_all(b"SUB big 1\r\nPING\r\n")
+        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        publisher = await nats_client(address)
+        await publisher.send_all(burst + b"PING\r\n")
+        assert await read_until(publisher, b"PONG\r\n") == b"PONG\r\n"
+        assert 0 < gw.nats.buffered.total < 64 * 1024 * 1024  # it waits, under max_pending
+        await trio.sleep(9)
+        assert counted(gw, "gateway_protocol_errors_total", **errors) == 0
+        assert len(gw.nats.sessions) == 2
+        await trio.sleep(2)
+        assert counted(gw, "gateway_protocol_errors_total", **errors) == 1
+        assert len(gw.nats.sessions) == 1 and gw.nats.buffered.total == 0
+        await publisher.send_all(b"PING\r\n")
+        assert await read_until(publisher, b"PONG\r\n") == b"PONG\r\n"
+        tail = b""
+        while chunk := await slow.receive_some(1 << 20):  # what the sockets held, then EOF
+            tail = (tail + chunk)[-64:]
+        assert b"-ERR" not in tail  # cut off silently
+
+
 async def test_max_buffered_bytes_bounds_all_slow_readers_together() -> None:
     """Three NATS subscribers stop reading, each below max_pending_bytes, together above
     max_buffered_bytes (2 MB): past it, those holding more than max_pending_bytes / 64

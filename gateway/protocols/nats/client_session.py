@@ -131,6 +131,7 @@ class NATSClientSession(QueuedWriter):
         self._out: list[bytes] = []
         self._pending = 0
         self._buffered = server.buffered
+        self._write_deadline = server.write_deadline
         self._sending = False
         self._wake = trio.Event()
         self._cancel = trio.CancelScope()
@@ -481,12 +482,19 @@ class NATSClientSession(QueuedWriter):
         if pending > self.server.max_pending or (
             buffered.total > buffered.limit and pending > buffered.share
         ):
-            # nats-server's slow consumer: the client cannot keep up, so it is cut off
-            # (said and counted once; it may be offered more before its task ends)
-            if not self._cancel.cancel_called:
-                log.info("nats client %s is a slow consumer: closing", self.remote)
-                self._metrics.protocol_error("nats", "SLOW_CONSUMER")
-            self._cancel.cancel()
+            self._slow_consumer("too much output waits for it")
+
+    def _write_stalled(self) -> None:
+        self._slow_consumer(f"a write waited {self.server.write_deadline:g} s (write_deadline)")
+
+    def _slow_consumer(self, why: str) -> None:
+        """nats-server's slow consumer: the client cannot keep up, so it is cut off, with
+        nothing said on the wire (said in the log and counted once: it may be offered
+        more before its task ends)."""
+        if not self._cancel.cancel_called:
+            log.info("nats client %s is a slow consumer (%s): closing", self.remote, why)
+            self._metrics.protocol_error("nats", "SLOW_CONSUMER")
+        self._cancel.cancel()
 
     def write_now(self) -> None:
         """Write what is queued, without waiting for the writer task: called at the end of

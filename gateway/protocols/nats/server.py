@@ -26,6 +26,7 @@ class NATSServer:
     max_payload: int = 1048576  # nats-server's default max_payload
     max_pending: int = 64 * 1024 * 1024  # nats-server's max_pending: past it, a slow consumer
     max_control_line: int = 4096  # nats-server's max_control_line
+    write_deadline: float = 10.0  # nats-server's write_deadline (seconds)
     ping_interval: float = 120.0  # nats-server's ping_interval (2 min)
     ping_max: int = 2  # nats-server's ping_max
     # output queued for all clients together ([limits] max_buffered_bytes)
