@@ -33,6 +33,16 @@ async def nats_client(address: Address) -> trio.SocketStream:
     return stream
 
 
+async def stalled_subscriber(address: Address) -> trio.SocketStream:
+    """A client subscribed to `big` that will not read: its receive buffer is shrunk so
+    that what the gateway sends it fills its socket at once."""
+    stream = await nats_client(address)
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await stream.send_all(b"SUB big 1\r\nPING\r\n")
+    assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+    return stream
+
+
 @pytest.fixture(params=["nats-server", "gateway"])
 async def nats_with_three(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -135,10 +145,7 @@ async def test_a_nats_subscriber_that_stops_reading_is_cut_off() -> None:
     size, count = 65536, 1024  # 64 MiB
     async with running_gateway(nats="127.0.0.1:0", limits__max_pending_bytes=limit) as gw:
         address = gw.addresses["nats"]
-        slow = await nats_client(address)
-        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
-        await slow.send_all(b"SUB big 1\r\nPING\r\n")
-        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        slow = await stalled_subscriber(address)
         reader = await nats_client(address)
         await reader.send_all(b"SUB big 1\r\nPING\r\n")
         assert await read_until(reader, b"PONG\r\n") == b"PONG\r\n"
@@ -184,10 +191,7 @@ async def test_what_a_blocked_send_holds_counts_against_max_pending_bytes() -> N
     delivered = 48 * len(b"MSG big 1 %d\r\n%s\r\n" % (size, b"b" * size))
     async with running_gateway(nats="127.0.0.1:0", limits__max_pending_bytes=limit) as gw:
         address = gw.addresses["nats"]
-        slow = await nats_client(address)
-        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        await slow.send_all(b"SUB big 1\r\nPING\r\n")
-        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        slow = await stalled_subscriber(address)
         publisher = await nats_client(address)
         with trio.fail_after(10):
             await publisher.send_all(burst + b"PING\r\n")
@@ -232,10 +236,7 @@ async def test_a_write_that_waits_past_write_deadline_cuts_the_subscriber_off(
     errors = {"protocol": "nats", "code": "SLOW_CONSUMER"}
     async with running_gateway(nats="127.0.0.1:0") as gw:
         address = gw.addresses["nats"]
-        slow = await nats_client(address)
-        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        await slow.send_all(b"SUB big 1\r\nPING\r\n")
-        assert await read_until(slow, b"PONG\r\n") == b"PONG\r\n"
+        slow = await stalled_subscriber(address)
         publisher = await nats_client(address)
         await publisher.send_all(burst + b"PING\r\n")
         assert await read_until(publisher, b"PONG\r\n") == b"PONG\r\n"
@@ -267,11 +268,7 @@ async def test_max_buffered_bytes_bounds_all_slow_readers_together() -> None:
         address = gw.addresses["nats"]
         slow = []
         for _ in range(3):
-            s = await nats_client(address)
-            s.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            await s.send_all(b"SUB big 1\r\nPING\r\n")
-            assert await read_until(s, b"PONG\r\n") == b"PONG\r\n"
-            slow.append(s)
+            slow.append(await stalled_subscriber(address))
         reader = await nats_client(address)
         await reader.send_all(b"SUB big 1\r\nPING\r\n")
         assert await read_until(reader, b"PONG\r\n") == b"PONG\r\n"
