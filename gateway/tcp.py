@@ -321,6 +321,10 @@ class QueuedWriter:
     * `_write_queued` writes the queue from synchronous code (the end of another
       connection's batch), the rest left to `_writer`.
 
+    The bytes queued count in `_pending` (and the listener's `_buffered`) until written,
+    so a send blocked by a client that does not read still counts against the session's
+    bounds; a send that waits past `_write_deadline` ends the connection.
+
     One sender at a time (`_sending`, a flag: acquiring a trio.Lock is a checkpoint even
     when nobody holds it); a sender loops until the queue is empty, so a flush that finds
     one under way just returns. `_holding`: the reading task is applying a batch whose
