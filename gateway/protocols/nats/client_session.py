@@ -18,6 +18,7 @@ from gateway.broker import Broker, query
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
+from gateway.protocols.nats.headers import encode_headers, parse_headers
 from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.stores.base import StoreError
@@ -30,29 +31,10 @@ _DONE, _MORE, _CLOSE = object(), object(), object()
 log = logging.getLogger("gateway.nats")
 
 _RECEIVE_SIZE = 65536
-_HEADER_LINE = b"NATS/1.0\r\n"
 _NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
 # nats-server's firstClientPingInterval: the first PING to a client comes this soon (or at
 # ping_interval, if shorter), then every ping_interval.
 _FIRST_PING = 2.0
-
-
-def parse_headers(block: bytes) -> list[tuple[str, str]]:
-    """`NATS/1.0[ status]\\r\\nName: value\\r\\n...\\r\\n` -> ordered pairs (names may repeat)."""
-    pairs = []
-    for line in block.split(b"\r\n")[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(b":")
-        if sep:
-            pairs.append(
-                (name.decode("utf-8", "replace"), value.strip().decode("utf-8", "replace"))
-            )
-    return pairs
-
-
-def encode_headers(pairs: list[tuple[str, str]]) -> bytes:
-    return _HEADER_LINE + b"".join(f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
 
 
 def _kept(broker: Broker, subject: str) -> bool:

@@ -26,7 +26,7 @@ from gateway.config import parse_route_url
 from gateway.metrics import Metrics
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
-from gateway.protocols.nats.client_session import parse_headers
+from gateway.protocols.nats.headers import parse_headers
 from gateway.protocols.nats.route_session import ACCOUNT, RouteSession
 from gateway.protocols.nats.server import VERSION
 from gateway.stores.base import StoreError

@@ -27,7 +27,7 @@ import trio
 from gateway.model import Message
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
-from gateway.protocols.nats.client_session import encode_headers
+from gateway.protocols.nats.headers import encode_headers
 from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription
 from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
