@@ -99,6 +99,8 @@ class Broker:
         state = await self.store.open(self.window)
         self.last_id = state.last_id
         self.journal.opened(state.last_id)
+        # the ids' first reservation is on disk before any id is handed out
+        await self.store.flush()
         for st in state.topics.values():
             topic = self.topics[st.name] = Topic(self, st.name)
             topic.paused = st.paused
@@ -110,9 +112,14 @@ class Broker:
                     topic, sg.name, max_attempts=self.max_attempts
                 )
                 group.paused = sg.paused
+                now = self.now()
                 for msg in sg.ready:
-                    msg.deliver_at = from_wall(msg.deliver_at)
                     if msg.deliver_at > 0.0:
+                        # Deferred; one due already waits for the timer's first pass,
+                        # which promotes it as any other: past the window, to disk
+                        # (recorded ready now). Pushed here, it could sort after every
+                        # spilled one and move `spill_from` past them all.
+                        msg.deliver_at = from_wall(msg.deliver_at) or now
                         group._defer(msg)
                     else:
                         group.ready.push(msg)

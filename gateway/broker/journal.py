@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from gateway.stores.redis_reads import Found
 
 # ids are reserved in blocks, so that handing one out costs no store write, and a restart
-# starts after the block: an id seen by a client is never handed out again
+# starts after the block: an id seen by a client is never handed out again. Reservations
+# run a block ahead of use: a message may reach a consumer before its publish is
+# committed, so the record that covers its id must have been written before, not with it.
 ID_BLOCK = 1 << 16
 
 
@@ -47,16 +49,22 @@ def from_wall(due: float) -> float:
 
 
 class Journal:
-    __slots__ = ("ceiling", "store")
+    __slots__ = ("ceiling", "reserved", "store")
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        # the end of the block of ids reserved in the store; the broker compares each
-        # publish's last id with it before calling ids_used (one test instead of a call)
+        # the last id reserved in the store, and a block below it the point past which
+        # the next block is reserved; the broker compares each publish's last id with
+        # `ceiling` before calling ids_used (one test instead of a call)
+        self.reserved = 0
         self.ceiling = 0
 
     def opened(self, last_id: int) -> None:
-        self.ceiling = last_id
+        """The store's last id: the first block is reserved now (the broker commits it
+        before it serves), unless the store hands out the ids itself."""
+        self.reserved = self.ceiling = last_id
+        if not self.store.allocates_ids:
+            self._reserve(last_id)
 
     # -- messages --------------------------------------------------------------
 
@@ -119,8 +127,14 @@ class Journal:
 
     def ids_used(self, last_id: int) -> None:
         if last_id > self.ceiling:
-            self.ceiling = last_id + ID_BLOCK
-            self.store.reserve_ids(self.ceiling)
+            self._reserve(last_id)
+
+    def _reserve(self, last_id: int) -> None:
+        # two blocks past the last id used, the next reservation due after one: the ids
+        # a publish takes were covered a block of ids earlier
+        self.reserved = last_id + 2 * ID_BLOCK
+        self.ceiling = last_id + ID_BLOCK
+        self.store.reserve_ids(self.reserved)
 
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         """Page in ready messages a durable store kept on disk, broker clock (due now)."""

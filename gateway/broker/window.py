@@ -18,6 +18,7 @@ from gateway.stores.base import Key, StoreError
 
 if TYPE_CHECKING:
     from gateway.broker.journal import Journal
+    from gateway.broker.members import InFlight
     from gateway.broker.ready import ReadyQueue
     from gateway.broker.topic import Topic
 
@@ -30,6 +31,7 @@ class MemoryWindow:
 
     # the group's own attributes this part reads (set in Group.__init__)
     ready: ReadyQueue
+    in_flight: dict[int, InFlight]
     topic: Topic
     name: str
     journal: Journal
@@ -48,20 +50,28 @@ class MemoryWindow:
         """Leave on disk (already recorded) the ready ones past the window; returns the
         ones to keep in memory. Deferred messages always stay in memory."""
         keep: list[Message] = []
+        kept_top = NO_KEY  # the least urgent one kept so far (not in `ready` yet)
         for msg in messages:
-            if msg.deliver_at == 0.0 and self._spills((msg.priority, msg.id), len(keep)):
-                continue
+            if msg.deliver_at == 0.0:
+                key = (msg.priority, msg.id)
+                if self._spills(key, len(keep), kept_top):
+                    continue
+                kept_top = max(kept_top, key)
             keep.append(msg)
         return keep
 
-    def _spills(self, key: Key, adding: int) -> bool:
-        """Whether a ready message with `key` stays on disk only (and is counted there)."""
+    def _spills(self, key: Key, adding: int, kept_top: Key = NO_KEY) -> bool:
+        """Whether a ready message with `key` stays on disk only (and is counted there).
+        `adding`, `kept_top`: how many are about to join the ready queue, and the least
+        urgent of them."""
         if not self.spilled:
             if len(self.ready) + adding < self.window:
                 return False
-            # the window is full: spill from here, but never before a message in memory
-            top = self.ready.max_key()
-            self.spill_from = max(key, (top[0], top[1] + 1)) if top is not None else key
+            # The window is full: spill from here, but never before a message in memory
+            # (a page-in reads everything on disk from `spill_from` on, and would load a
+            # second copy of it).
+            top = max(self.ready.max_key() or NO_KEY, kept_top)
+            self.spill_from = max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
         if key < self.spill_from:
             return False  # more urgent than anything on disk: memory, past the window
         self.spilled += 1
@@ -89,8 +99,14 @@ class MemoryWindow:
         self._dropped_min = None
         generation = self._generation
         start = self.spill_from
+        # A message in flight is on disk as ready (its record counts the delivery), and
+        # may sort after `spill_from` (delivered before spilling began, or less urgent
+        # than what spilled): the read may find it, and must not load it again. Those
+        # in flight now, and those finished during the read (their removal may not be
+        # written yet).
+        busy = set(self.in_flight)
         try:
-            msgs = await self.journal.load(self, start, max(self.window - len(self.ready), 1))
+            rows = await self.journal.load(self, start, max(self.window - len(self.ready), 1))
         except StoreError as exc:
             log.error("topic %s group %s: paging in failed: %s", self.topic.name, self.name, exc)
             return
@@ -100,9 +116,11 @@ class MemoryWindow:
             return
         dropped = self._dropped_min
         if dropped is not None:
-            msgs = [m for m in msgs if (m.priority, m.id) < dropped]
-        if msgs:
-            last = msgs[-1]
+            rows = [m for m in rows if (m.priority, m.id) < dropped]
+        in_flight = self.in_flight
+        msgs = [m for m in rows if m.id not in busy and m.id not in in_flight]
+        if rows:
+            last = rows[-1]
             after = (last.priority, last.id + 1)
             self.spill_from = after if dropped is None or after < dropped else dropped
         elif dropped is not None:

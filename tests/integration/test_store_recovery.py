@@ -1,7 +1,8 @@
-"""Recovery from a damaged write-ahead log: a gateway killed with kill -9 leaves the WAL
-behind; if its tail is torn (a write cut short) or followed by garbage, the next start
-keeps every complete commit before it, drops the rest with a log line, and serves. Never
-a crash loop."""
+"""Recovery after kill -9. A gateway killed with kill -9 leaves the WAL behind; if its
+tail is torn (a write cut short) or followed by garbage, the next start keeps every
+complete commit before it, drops the rest with a log line, and serves: never a crash loop.
+And no message id a client has seen is handed out again, even one whose publish was never
+committed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from tests.helpers import MAGIC, RawNSQ, parse_message
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def start(data_dir: Path) -> tuple[trio.Process, dict[str, str], bytes]:
+async def start(
+    data_dir: Path, env: dict[str, str] | None = None
+) -> tuple[trio.Process, dict[str, str], bytes]:
     """`gateway serve` on data_dir; returns it, its listeners, and stderr up to ready."""
     proc = await trio.lowlevel.open_process(
         [
@@ -29,6 +32,7 @@ async def start(data_dir: Path) -> tuple[trio.Process, dict[str, str], bytes]:
         ],
         stderr=subprocess.PIPE,
         cwd=REPO,
+        env={**os.environ, **(env or {})},
     )
     assert proc.stderr is not None
     out = b""
@@ -45,18 +49,30 @@ async def start(data_dir: Path) -> tuple[trio.Process, dict[str, str], bytes]:
     return proc, addresses, out
 
 
-async def consume(address: str, topic: str, channel: str, timeout: float = 1.0) -> list[bytes]:
+async def nsq_conn(address: str, first: bytes = b"") -> RawNSQ:
     host, port = address.rsplit(":", 1)
     conn = RawNSQ(await trio.open_tcp_stream(host, int(port)))
-    await conn.send(MAGIC + f"SUB {topic} {channel}\nRDY 1000\n".encode())
-    assert await conn.frame() == (0, b"OK")
-    bodies = []
+    await conn.send(MAGIC + first)
+    if first.startswith(b"SUB"):
+        assert await conn.frame() == (0, b"OK")
+    return conn
+
+
+async def consume(
+    address: str, topic: str, channel: str, timeout: float = 1.0, fin: bool = False
+) -> list[tuple[bytes, bytes]]:
+    """(id, body) of each message delivered on `channel` until none came for `timeout`."""
+    conn = await nsq_conn(address, f"SUB {topic} {channel}\nRDY 1000\n".encode())
+    got = []
     with trio.move_on_after(timeout):
         while True:
             _, data = await conn.frame()
-            bodies.append(parse_message(data)[3])
+            _, _, msg_id, body = parse_message(data)
+            got.append((msg_id, body))
+            if fin:
+                await conn.send(b"FIN " + msg_id + b"\n")
     await conn.aclose()
-    return bodies
+    return got
 
 
 async def test_a_torn_wal_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path) -> None:
@@ -82,7 +98,7 @@ async def test_a_torn_wal_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path)
     proc, addr, out = await start(data_dir)
     try:
         assert b"recovering from a write-ahead log" in out, out.decode(errors="replace")
-        bodies = await consume(addr["nsq"], "t", "c")
+        bodies = [body for _, body in await consume(addr["nsq"], "t", "c")]
         # every complete commit before the damage is back, in order; the torn one is not
         assert bodies == [b"m%02d" % i for i in range(len(bodies))]
         assert 15 <= len(bodies) < 20
@@ -93,3 +109,39 @@ async def test_a_torn_wal_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path)
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
             assert await proc.wait() == 0
+
+
+async def test_an_id_a_consumer_saw_is_never_handed_out_again(tmp_path: Path) -> None:
+    """A waiting consumer gets a message as soon as it is published, before its commit
+    (its publisher is answered after). Killed right then, the gateway must not give that
+    id to another message after the restart: consumers that deduplicate by id would drop
+    it. Every start reserves its first block of ids before it serves."""
+    data_dir = tmp_path / "data"
+    always = {"GATEWAY_STORAGE__FSYNC": "always"}  # slow commits: a wide window to die in
+    bodies_by_id: dict[bytes, set[bytes]] = {}
+    for attempt in range(3):
+        proc, addr, _ = await start(data_dir, always)
+        try:
+            consumer = await nsq_conn(addr["nsq"], b"SUB t c\nRDY 1\n")
+            publisher = await nsq_conn(addr["nsq"])
+            body = b"attempt-%d" % attempt
+            await publisher.send(b"PUB t\n" + len(body).to_bytes(4, "big") + body)
+            _, data = await consumer.frame()
+        finally:
+            proc.send_signal(signal.SIGKILL)  # as soon as the consumer has it
+            await proc.wait()
+        _, _, msg_id, got = parse_message(data)
+        assert got == body
+        bodies_by_id.setdefault(msg_id, set()).add(got)
+        # the next start finds the queue empty and its files clean (a SIGTERM after the
+        # drain), as the publish of a restarted gateway usually does
+        proc, addr, _ = await start(data_dir, always)
+        try:
+            for msg_id, got in await consume(addr["nsq"], "t", "c", timeout=0.5, fin=True):
+                bodies_by_id.setdefault(msg_id, set()).add(got)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(10):
+                assert await proc.wait() == 0
+    reused = {i: b for i, b in bodies_by_id.items() if len(b) > 1}
+    assert not reused, f"ids handed to two messages: {reused}"

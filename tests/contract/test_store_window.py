@@ -1,0 +1,114 @@
+"""The memory window of a paging store (gateway/broker/window.py), over every store of the
+contract suite: past `memory_window` ready messages the rest stay on disk and are paged in
+as consumers drain the window. Each message must be in exactly one place, whatever order
+its priority puts it in: in memory, on disk only, in flight or deferred. (Over the memory
+store nothing pages, and these are plain broker tests.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import trio
+import trio.testing
+
+from gateway.broker import Broker, journal
+from gateway.broker.members import Outcome
+from tests.contract import test_store_contract as contract
+from tests.contract.test_store_contract import Pair, started
+from tests.unit.test_broker import Collector
+
+pair = contract.pair  # the contract suite's fixture: every store, started
+
+
+async def drain(g: object, sink: Collector, want: int) -> None:
+    """Take and finish until `want` deliveries arrived (or nothing more comes)."""
+    c = g.attach(sink, 60)  # type: ignore[attr-defined]
+    c.set_ready(7)
+    with trio.move_on_after(5):
+        while len(sink.got) < want:
+            for m in list(sink.got):
+                if m.id in g.in_flight:  # type: ignore[attr-defined]
+                    g.finish(c, m.id)  # type: ignore[attr-defined]
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0)
+    for m in list(sink.got):
+        if m.id in g.in_flight:  # type: ignore[attr-defined]
+            g.finish(c, m.id)  # type: ignore[attr-defined]
+    await trio.testing.wait_all_tasks_blocked()
+
+
+def once_each(sink: Collector) -> list[bytes]:
+    twice = [body for body, n in Counter(sink.bodies).items() if n > 1]
+    assert not twice, f"delivered more than once: {twice[:5]}"
+    return sink.bodies
+
+
+async def test_a_less_urgent_job_in_flight_when_spilling_starts_is_not_paged_in_again(
+    pair: Pair,
+) -> None:
+    """A job reserved before the window filled, with a less urgent priority than what
+    spills after it: the page-in reads past it on disk (its record says ready, with the
+    delivery counted) and must leave it to the worker that holds it."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        g = b.group("t", "g")
+        holder = Collector()
+        h = g.attach(holder, 600)
+        b.publish("t", [b"held"], priority=2000)
+        h.set_ready(1)
+        (held,) = holder.got
+        h.set_ready(0)
+        b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
+        await b.flush()
+        sink = Collector()
+        await drain(g, sink, 33)
+        assert once_each(sink) == [b"%02d" % i for i in range(33)]
+        assert g.finish(h, held.id) is Outcome.OK  # still the holder's, and finished once
+        assert g.depth == 0 and not g.in_flight
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_adopted_past_the_window_keeps_each_message_once(pair: Pair) -> None:
+    """The first group takes a backlog whose first message is less urgent than the rest:
+    kept in memory while the others spill, it must not also be paged in from disk."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        b.publish("t", [b"low"], priority=2000)
+        b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
+        await b.flush()
+        g = b.group("t", "g")
+        sink = Collector()
+        await drain(g, sink, 34)
+        assert once_each(sink) == [b"%02d" % i for i in range(33)] + [b"low"]
+        assert g.depth == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_deferred_message_due_at_restart_leaves_the_spilled_ones_reachable(
+    pair: Pair, monkeypatch: object
+) -> None:
+    """Restart with more ready messages than the window and a deferred one (the newest)
+    that fell due while the gateway was down: every message is delivered, none twice."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        b.group("t", "g")
+        b.publish("t", [b"%02d" % i for i in range(30)])
+        b.publish("t", [b"later"], delay=30)
+        await b.flush()
+        await pair.store.close()  # kill -9 after the last commit
+        nursery.cancel_scope.cancel()
+    # a minute later, on the wall clock the store keeps due times in
+    real = journal.time.time
+    monkeypatch.setattr(journal, "time", SimpleNamespace(time=lambda: real() + 60))  # type: ignore[attr-defined]
+    pair.store = pair._reopen(pair.store)
+    async with trio.open_nursery() as nursery:
+        b2 = Broker(pair.store, memory_window=10)
+        await b2.open()
+        await nursery.start(b2.run)
+        g2 = b2.topics["t"].groups["g"]
+        sink = Collector()
+        await drain(g2, sink, 31)
+        assert sorted(once_each(sink)) == sorted([b"%02d" % i for i in range(30)] + [b"later"])
+        assert g2.depth == 0 and not g2.deferred
+        nursery.cancel_scope.cancel()
