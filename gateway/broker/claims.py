@@ -53,7 +53,6 @@ class Claims:
         self._drained: weakref.WeakSet[Group] = weakref.WeakSet()
         self._event = trio.Event()
         self._wake_at = math.inf  # broker clock: the earliest due time a claim reported
-        self.known: dict[str, set[str]] = {}  # the registry as last read
         self.store.on_notify = self.notified
 
     # -- asking for claims -----------------------------------------------------
@@ -187,6 +186,15 @@ class Claims:
         """Make local the topics and groups other gateways created (and drop those they
         deleted), take their pause state, and read every stored group's counts."""
         broker = self.broker
+        # What is here now is recorded once the flush returns: whatever of it the registry
+        # read after lacks was deleted by another gateway (even one made here and deleted
+        # there within one refresh). What is made here during the read is not in `here`.
+        here = {
+            name: {g for g, group in t.groups.items() if not group.ephemeral}
+            for name, t in broker.topics.items()
+            if not t.ephemeral
+        }
+        await self.store.flush()
         registry = await self.store.registry()
         for name, (paused, groups) in registry.items():
             t = broker.topics.get(name)
@@ -198,15 +206,12 @@ class Claims:
                 g = t.groups.get(gname) or t.group(gname)
                 assert g is not None
                 g.paused = g_paused
-            before = self.known.get(name, set())
-            for gone in before - set(groups):
-                if gone in t.groups and not t.groups[gone].ephemeral:
+            for gone in here.get(name, set()) - set(groups):
+                if gone in t.groups:
                     t.groups.pop(gone).close()
-        for name in set(self.known) - set(registry):
-            t = broker.topics.get(name)
-            if t is not None and not t.ephemeral:
+        for name in set(here) - set(registry):
+            if broker.topics.get(name) is not None:
                 broker.delete_topic(name, record=False)
-        self.known = {name: set(groups) for name, (_, groups) in registry.items()}
         topics = [t for t in broker.topics.values() if not t.ephemeral]
         stored = [[g for g in t.groups.values() if g.shared] for t in topics]
         counts = await self.store.counts(

@@ -437,8 +437,16 @@ class Group(MemoryWindow, GroupAdmin):
             return
         self.deleted = True
         self.topic.broker.retire(self)
+        # its messages went with it, those in flight too: a late release, bury or touch
+        # finds none (NOT_FOUND), and nothing more is recorded for the group
+        self.in_flight.clear()
         for c in self.consumers:
             c.attached = False
+            # its consumers hear of it, wherever the delete came from (here, or another
+            # gateway sharing the store): nsqd closes the clients of a deleted channel
+            closed = getattr(c.sink, "group_closed", None)
+            if closed is not None:
+                closed()
         self.consumers.clear()
         self._waiting.clear()
 

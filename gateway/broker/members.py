@@ -20,6 +20,9 @@ class Outcome(IntEnum):
 
 
 class Sink(Protocol):
+    """Where a consumer's deliveries go (a session). A sink may also have
+    `group_closed()`, called when its group is deleted while it is attached."""
+
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         """Take a delivery. False declines it (NSQ sample_rate): it counts as finished."""
         ...

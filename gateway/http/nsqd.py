@@ -115,12 +115,6 @@ class NSQDAPI:
             raise HTTPError(400, "INVALID_ARG_CHANNEL")
         return self._existing_topic(topic), channel
 
-    def _close_orphans(self) -> None:
-        """nsqd closes the connections of a deleted channel's clients."""
-        for session in list(self.gateway.nsq.sessions):
-            if session.group is not None and session.group.deleted:
-                session.close()
-
     # -- node --------------------------------------------------------------------------------
 
     async def ping(self, request: Request) -> Response:
@@ -208,7 +202,6 @@ class NSQDAPI:
     async def topic_delete(self, request: Request) -> Response:
         if not self.broker.delete_topic(self._topic_arg(request)):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        self._close_orphans()
         await self.broker.flush()
         return v1()
 
@@ -241,7 +234,6 @@ class NSQDAPI:
         topic, channel = self._topic_and_channel(request)
         if not topic.delete_group(channel):
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        self._close_orphans()
         await self.broker.flush()
         return v1()
 

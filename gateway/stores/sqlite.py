@@ -190,7 +190,10 @@ class SQLiteStore(Store):
         priority_was: int | None = None,
         expect: str = "*",
     ) -> None:
-        gid = self._topics[topic].groups[group]
+        t = self._topics.get(topic)
+        gid = t.groups.get(group) if t is not None else None
+        if gid is None:
+            return  # deleted with its topic or group (as in remove)
         state = sql.BURIED if buried else sql.READY
         priority = message.priority
         was = priority if priority_was is None else priority_was

@@ -112,3 +112,23 @@ async def test_a_deferred_message_due_at_restart_leaves_the_spilled_ones_reachab
         assert sorted(once_each(sink)) == sorted([b"%02d" % i for i in range(30)] + [b"later"])
         assert g2.depth == 0 and not g2.deferred
         nursery.cancel_scope.cancel()
+
+
+async def test_a_release_after_its_topic_was_deleted_finds_nothing(pair: Pair) -> None:
+    """A beanstalkd worker releases (or buries) a job whose tube an operator deleted: the
+    job went with the tube, the reply is NOT_FOUND, and nothing is recorded for it."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery)
+        g = b.group("t", "g")
+        sink = Collector()
+        c = g.attach(sink, 60)
+        b.publish("t", [b"a", b"b"])
+        c.set_ready(2)
+        first, second = sink.got
+        b.delete_topic("t")
+        assert g.requeue(c, first.id, 0) is Outcome.NOT_IN_FLIGHT
+        assert g.bury(c, second.id) is Outcome.NOT_IN_FLIGHT
+        await b.flush()
+        nursery.cancel_scope.cancel()
+    state = await pair.reopened()
+    assert "t" not in state.topics

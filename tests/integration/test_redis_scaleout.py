@@ -225,6 +225,30 @@ async def test_stats_show_the_same_depth_on_every_gateway(url: str, tmp_path: Pa
         assert (await channel_stats(b, "quiet", "c"))["depth"] == 30
 
 
+async def test_a_channel_deleted_on_one_gateway_closes_its_consumers_on_every_gateway(
+    url: str, tmp_path: Path
+) -> None:
+    """nsqd closes the clients of a deleted channel, and they subscribe again (which
+    makes the channel anew). Deleted over A's HTTP API, the channel's consumers on B must
+    be closed too, not left attached to a channel that is gone, receiving nothing."""
+    async with supervised() as sup:
+        a = await gateway(sup, tmp_path, "a", url)
+        b = await gateway(sup, tmp_path, "b", url)
+        on_b = await NSQConsumer.subscribe(b, "orders", "work", rdy=10)
+
+        async def known_on_a() -> bool:
+            return "work" in (await stats(a)).get("orders", {})
+
+        await until(known_on_a, "the channel in A's /stats", 10)
+        async with httpx.AsyncClient() as client:
+            reply = await client.post(
+                a.http + "/channel/delete", params={"topic": "orders", "channel": "work"}
+            )
+            assert reply.status_code == 200, reply.text
+        # B learns of it at its next refresh of the registry (every second)
+        assert await on_b.conn.closed(10), "B's consumer is still connected"
+
+
 async def test_redis_unreachable_at_start_is_one_line_and_exit_1(tmp_path: Path) -> None:
     from tests.redis_server import free_port
 

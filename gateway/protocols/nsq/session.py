@@ -133,9 +133,13 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 await trio.aclose_forcefully(self.stream)
 
     def close(self) -> None:
-        """End the connection from outside (nsqd closes the clients of a channel deleted
-        over HTTP). The session detaches and closes its stream as on any other end."""
+        """End the connection from outside. The session detaches and closes its stream as
+        on any other end."""
         self._cancel.cancel()
+
+    # the broker's word that the channel was deleted (over HTTP, here or on another
+    # gateway sharing the store): nsqd closes its clients, who subscribe again
+    group_closed = close
 
     def report_bytes(self) -> None:
         """The byte counters are batched (tcp.ByteCount): a scrape wants them now."""
