@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -62,6 +63,8 @@ _HEALTH_EVERY = 1.0
 # are merged while they are consecutive
 _Op = tuple[str, str, list[Any]]
 _MERGED = frozenset({"gw_remove", "gw_update", "gw_touch"})
+# a merged call's arguments, at most: one script call holds Redis while it runs
+_MERGE_MAX = 8192
 
 
 def _ms(seconds: float) -> int:
@@ -78,8 +81,9 @@ class RedisStore(SharedReads, Store):
         self.shares = target.shared
         self.where = f"Redis at {target.address}"
         self.link = RedisLink(target, wait=wait)
-        # a random name per process: whose claims are whose
-        self.owner = f"{int(time.time() * 1000):x}-{id(self):x}"
+        # a name of its own (whose claims are whose, whose puts were applied): random
+        # bits, not the process's, which twin containers may share
+        self.owner = f"{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
         self._pending: list[_Op] = []
         self._notifying: set[str] = set()  # topics with a notification in _pending
         self._recorded = 0  # calls recorded so far
@@ -185,7 +189,8 @@ class RedisStore(SharedReads, Store):
         pending = self._pending
         if fn in _MERGED and pending:
             last_fn, last_p, last_args = pending[-1]
-            if last_fn == fn and last_p == p and last_args[:2] == args[:2]:
+            same = last_fn == fn and last_p == p and last_args[:2] == args[:2]
+            if same and len(last_args) < _MERGE_MAX:
                 last_args.extend(args[2:])
                 self._recorded += 1
                 self._wake.set()
@@ -217,6 +222,7 @@ class RedisStore(SharedReads, Store):
                     hex_id(run[-1].id),
                     pack_batch(run),
                     told,
+                    self.owner,  # applied once, should the pipeline be sent again
                 ],
             )
         if told and self.on_notify is not None:
@@ -472,21 +478,6 @@ class RedisStore(SharedReads, Store):
             self._notify(topic)  # with the next pipeline: the others claim them
             self._wake.set()
         return kicked
-
-    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
-        """Shared: every topic, its pause, and its groups with theirs."""
-        topics = await self.link.client.hgetall(TOPICS_KEY)
-        names = [raw.decode() for raw in topics]
-        replies = await self.link.pipeline(
-            [("hgetall", topic_key(n) + "groups", []) for n in names]
-        )
-        return {
-            name: (
-                topics[name.encode()] == b"1",
-                {g.decode(): v == b"1" for g, v in groups.items()},
-            )
-            for name, groups in zip(names, replies, strict=True)
-        }
 
     @property
     def healthy(self) -> bool:

@@ -59,6 +59,22 @@ local function bulk(cmd, key, items)
   end
 end
 
+-- HMGET of many fields, in slices that fit Lua's stack as well: a session's batch of FINs,
+-- or the calls merged while Redis was away, may name tens of thousands
+local function hmget(key, ids)
+  local n = #ids
+  if n <= 4000 then return redis.call('HMGET', key, unpack(ids)) end
+  local out = {}
+  local i = 1
+  while i <= n do
+    local j = math.min(i + 3999, n)
+    local part = redis.call('HMGET', key, unpack(ids, i, j))
+    for k = 1, j - i + 1 do out[i + k - 1] = part[k] end
+    i = j + 1
+  end
+  return out
+end
+
 -- A publish's ready messages wait in q:<g> as ONE member, the range of its ids
 -- "prio(8) first(16):last(16)": a publish costs a few commands whatever its size. Claims
 -- take from the ranges and from r:<g> (every message placed one by one: requeued,
@@ -224,7 +240,16 @@ redis.register_function('gw_put', function(keys, a)
     for i = 1, ng do groups[i] = a[4 + i] end
   end
   if #groups == 0 then groups[1] = '' end
-  local first, last, blob, told = a[5 + ng], a[6 + ng], a[7 + ng], a[8 + ng]
+  local first, last, blob, told, owner = a[5 + ng], a[6 + ng], a[7 + ng], a[8 + ng], a[9 + ng]
+  -- A pipeline whose reply was lost is sent again, and Redis may have applied it: a put
+  -- applied twice would make its messages claimable twice (part of the range may be
+  -- claimed by then). A gateway's puts to a topic come in id order, so one mark per
+  -- gateway tells: the first id of its last put applied (hex of equal width).
+  if owner and owner ~= '' then
+    local done = redis.call('HGET', p .. 'put', owner)
+    if done and done >= first then return 0 end
+    redis.call('HSET', p .. 'put', owner, first)
+  end
   local f0 = tonumber(first, 16)
   local count = tonumber(last, 16) - f0 + 1
   redis.call('HSET', p .. 'm', first, blob)
@@ -300,8 +325,8 @@ redis.register_function('gw_remove', function(keys, a)
   for i = 3, #a do ids[#ids + 1] = a[i] end
   if #ids == 0 then return 0 end
   local r = p .. 'r:' .. g
-  local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
-  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local svals = hmget(p .. 's:' .. g, ids)
+  local holders = hmget(p .. 'o:' .. g, ids)
   local gone, members, seen, cur = {}, {}, {}, nil
   for i, id in ipairs(ids) do
     if not seen[id] then
@@ -395,7 +420,7 @@ redis.register_function('gw_drop_topic', function(keys, a)
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
   redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta',
-             p .. 'fresh', p .. 'w')
+             p .. 'fresh', p .. 'w', p .. 'put')
   return 1
 end)
 """

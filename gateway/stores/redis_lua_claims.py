@@ -148,7 +148,7 @@ redis.register_function('gw_claim', function(keys, a)
   bulk('ZREM', q, spent)
   if fresh > 0 then redis.call('HINCRBY', p .. 'fresh', g, -fresh) end
   if #ids > 0 then
-    local svals = redis.call('HMGET', p .. 's:' .. g, unpack(ids))
+    local svals = hmget(p .. 's:' .. g, ids)
     local fs, os, ss = {}, {}, {}
     local cur = nil
     for i, id in ipairs(ids) do
@@ -180,7 +180,7 @@ redis.register_function('gw_touch', function(keys, a)
   local ids = {}
   for i = 3, #a, 2 do ids[#ids + 1] = a[i] end
   if #ids == 0 then return 0 end
-  local holders = redis.call('HMGET', p .. 'o:' .. g, unpack(ids))
+  local holders = hmget(p .. 'o:' .. g, ids)
   local fs = {}
   for i, id in ipairs(ids) do
     if holders[i] == owner then fs[#fs + 1] = a[2 * i + 2]; fs[#fs + 1] = id end

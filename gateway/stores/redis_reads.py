@@ -1,6 +1,7 @@
 """What the shared Redis store answers about single messages and queue heads, for the
 broker's query API (beanstalkd peek, stats-job, kick-job, reserve-job and peek-*, the
-admin page's lists) when the message may be held, deferred or buried by another gateway.
+admin page's lists) when the message may be held, deferred or buried by another gateway;
+and the registry of topics and groups every gateway shares (the broker's refresh).
 
 A mixin of RedisStore: every read first flushes what this gateway recorded, so that it
 sees its own changes, then asks Redis in one round trip (gw_find, gw_peek in
@@ -17,7 +18,7 @@ from typing import Any
 
 from gateway.model import Message
 from gateway.stores.base import StoreError
-from gateway.stores.redis_codec import hex_id, topic_key, unpack_flat
+from gateway.stores.redis_codec import TOPICS_KEY, hex_id, topic_key, unpack_flat
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,21 @@ class SharedReads:
     link: Any
     owner: str
     where: str
+
+    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
+        """Every topic, its pause, and its groups with theirs (the broker's refresh)."""
+        topics = await self.link.client.hgetall(TOPICS_KEY)
+        names = [raw.decode() for raw in topics]
+        replies = await self.link.pipeline(
+            [("hgetall", topic_key(n) + "groups", []) for n in names]
+        )
+        return {
+            name: (
+                topics[name.encode()] == b"1",
+                {g.decode(): v == b"1" for g, v in groups.items()},
+            )
+            for name, groups in zip(names, replies, strict=True)
+        }
 
     async def flush(self) -> None:
         raise NotImplementedError

@@ -222,3 +222,112 @@ async def test_claims_follow_priority_then_id_across_publishes_and_requeues(
         assert counts[0][:3] == (0, 0, 4 + len(rest))
         nursery.cancel_scope.cancel()
     await store.close()
+
+
+async def test_a_batch_of_thousands_of_finishes_is_one_write_that_succeeds(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Finishes of one group recorded together are merged into one call (a consumer's
+    batch, or what waited while Redis was away): past the number of values a Lua call
+    can unpack at once, it must still apply, not fail again on every retry."""
+    n = 9000
+    async with gateway(redis_url, tmp_path) as a:
+        g = a.group("t", "c")
+        holder = Finisher(hold=True)
+        c = g.attach(holder, 600)
+        for i in range(0, n, 1000):
+            a.publish("t", [b"%d" % j for j in range(i, i + 1000)])
+        await a.flush()
+        c.set_ready(n)
+        await until(lambda: len(holder.got) == n)
+        for m in holder.got:
+            g.finish(c, m.id, pump=False)
+        with trio.fail_after(10):
+            await a.flush()
+        await until(lambda: query_depth(a) == 0)
+        assert a.store.failed is None  # type: ignore[attr-defined]
+
+
+def query_depth(b: Broker) -> int:
+    g = b.topics["t"].groups["c"]
+    return g.depth + len(g.in_flight) + g.remote_deferred + g.remote_buried
+
+
+class ReplyCutter:
+    """A TCP proxy in front of Redis. Armed, it lets the next pipeline that carries a put
+    through to Redis and drops Redis's reply, closing that connection: the publish was
+    applied, and its gateway cannot know (a reset at the wrong moment)."""
+
+    def __init__(self, redis_port: int) -> None:
+        self.redis_port = redis_port
+        self.armed = False
+        self.cut = trio.Event()
+        self.port = 0
+
+    async def serve(self, task_status: trio.TaskStatus[None]) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._proxy, listeners)
+
+    async def _proxy(self, client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream("127.0.0.1", self.redis_port)
+        carried_put = False
+        async with trio.open_nursery() as nursery:
+
+            async def up() -> None:
+                nonlocal carried_put
+                async for data in client:
+                    if self.armed and b"gw_put" in data:
+                        carried_put = True
+                    await server.send_all(data)
+                nursery.cancel_scope.cancel()
+
+            async def down() -> None:
+                async for data in server:
+                    if carried_put:
+                        self.armed = False
+                        self.cut.set()
+                        break  # the reply is lost with the connection
+                    await client.send_all(data)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(up)
+            nursery.start_soon(down)
+        await client.aclose()
+        await server.aclose()
+
+
+async def test_a_put_sent_again_after_its_reply_was_lost_is_applied_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Redis applied a publish but its reply never reached the gateway, which sends the
+    pipeline again once Redis answers. Meanwhile another gateway claimed part of it: no
+    message may become claimable a second time."""
+    redis_server.cli("FLUSHALL")
+    async with trio.open_nursery() as nursery:
+        cutter = ReplyCutter(redis_server.port)
+        await nursery.start(cutter.serve)
+        via_cutter = f"redis://127.0.0.1:{cutter.port}/0"
+        async with gateway(via_cutter, tmp_path) as a, gateway(redis_server.url, tmp_path) as b:
+            ga, gb = a.group("t", "c"), b.group("t", "c")
+            on_b = Finisher(hold=True)
+            cb = gb.attach(on_b, 600)
+            await a.flush()
+            await b.flush()
+            cutter.armed = True
+            a.publish("t", [b"m%d" % i for i in range(10)])
+            with trio.fail_after(10):
+                await cutter.cut.wait()
+            cb.set_ready(4)  # b takes part of the put while a does not know it was applied
+            await until(lambda: len(on_b.got) >= 4)
+            assert len(on_b.got) == 4, [m.body for m in on_b.got]
+            await until(lambda: not a.store._pending and a.store.failed is None)  # type: ignore[attr-defined]
+            on_a = Finisher(hold=True)
+            ga.attach(on_a, 600).set_ready(100)
+            cb.set_ready(100)
+            await until(lambda: len({m.id for m in on_a.got + on_b.got}) == 10)
+            await trio.sleep(0.3)  # nothing more may come
+            bodies = sorted(m.body for m in on_a.got + on_b.got)
+            assert bodies == sorted(b"m%d" % i for i in range(10)), bodies
+        nursery.cancel_scope.cancel()
