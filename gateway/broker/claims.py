@@ -139,6 +139,13 @@ class Claims:
         for m in msgs:
             group.ready.push(m)
         group._dispatch()
+        if group.ready:
+            # The room went while the claim was on the wire (RDY lowered, a reserve
+            # timed out): what no consumer took goes back to Redis now. Kept here, it
+            # would be delivered after its claim ran out, when another gateway may
+            # deliver it too.
+            self.give_back(group, group.ready.clear())
+            return
         if len(msgs) == n:
             self.want(group)  # there may be more, and room for them
 

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from gateway.broker import Broker
 from gateway.broker.group import Consumer
@@ -331,3 +332,31 @@ async def test_a_put_sent_again_after_its_reply_was_lost_is_applied_once(
             bodies = sorted(m.body for m in on_a.got + on_b.got)
             assert bodies == sorted(b"m%d" % i for i in range(10)), bodies
         nursery.cancel_scope.cancel()
+
+
+async def test_what_a_claim_brings_after_the_room_went_goes_back_at_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A consumer's room shrinks while its gateway's claim is on the wire (pynsq sends
+    RDY 0 in backoff; a beanstalkd reserve times out). What the claim brought must go
+    back to Redis at once, for any gateway, not wait here past its claim (the delivery
+    timeout) to be delivered when another gateway may hold it."""
+    redis_server.cli("FLUSHALL")
+    async with gateway(redis_server.url, tmp_path) as a, gateway(redis_server.url, tmp_path) as b:
+        ga, gb = a.group("t", "c"), b.group("t", "c")
+        await b.flush()
+        a.publish("t", [b"m%d" % i for i in range(5)])
+        await a.flush()
+        on_a, on_b = Finisher(hold=True), Finisher(hold=True)
+        ca = ga.attach(on_a, 60)  # a claim lasts as long as a delivery: 60 s
+        redis_server.cli("CLIENT", "PAUSE", "300", "ALL")  # the claim waits in Redis
+        ca.set_ready(5)
+        await trio.testing.wait_all_tasks_blocked()
+        ca.set_ready(0)
+        gb.attach(on_b, 60).set_ready(5)
+        await until(lambda: len(on_b.got) == 5, timeout=5)
+        ca.set_ready(5)
+        await a.flush()
+        await trio.sleep(0.3)  # nothing may come to A: B holds all five
+        assert on_a.got == []
+        assert sorted(m.body for m in on_b.got) == [b"m%d" % i for i in range(5)]
