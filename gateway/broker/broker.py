@@ -286,11 +286,15 @@ class Broker:
 
     # -- topics and groups -----------------------------------------------------
 
-    def topic(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Topic | None:
+    def topic(
+        self, name: str, *, create: bool = True, ephemeral: bool = False, record: bool = True
+    ) -> Topic | None:
+        """`record=False`: made by another gateway sharing the store (claims.py)."""
         topic = self.topics.get(name)
         if topic is None and create:
             topic = self.topics[name] = Topic(self, name, ephemeral=ephemeral)
-            topic.journal.topic_added(topic)
+            if record:
+                topic.journal.topic_added(topic)
         return topic
 
     def group(

@@ -204,21 +204,35 @@ class Claims:
         await self.store.flush()
         registry = await self.store.registry()
         for name, (paused, groups) in registry.items():
+            # Made here as the registry says, not recorded: written back, a name another
+            # gateway deleted during this read would come back.
             t = broker.topics.get(name)
             if t is None:
-                t = broker.topic(name)
+                t = broker.topic(name, record=False)
             assert t is not None
             t.paused = paused
             for gname, g_paused in groups.items():
-                g = t.groups.get(gname) or t.group(gname)
+                g = t.groups.get(gname) or t.group(gname, record=False)
                 assert g is not None
                 g.paused = g_paused
             for gone in here.get(name, set()) - set(groups):
                 if gone in t.groups:
                     t.groups.pop(gone).close()
-        for name in set(here) - set(registry):
-            if broker.topics.get(name) is not None:
-                broker.delete_topic(name, record=False)
+        gone = [name for name in here if name not in registry]
+        held = await self.store.holding(gone) if gone else set()
+        for name in gone:
+            t = broker.topics.get(name)
+            if t is None:
+                continue
+            if name in held:
+                # Deleted on another gateway, and published to here since (before this
+                # one knew): as in nsqd, the publish makes the topic anew. Its groups
+                # went with the delete; its new messages wait in its backlog.
+                for group in list(t.groups):
+                    t.groups.pop(group).close()
+                self.store.add_topic(name)
+                continue
+            broker.delete_topic(name, record=False)
         topics = [t for t in broker.topics.values() if not t.ephemeral]
         stored = [[g for g in t.groups.values() if g.shared] for t in topics]
         counts = await self.store.counts(

@@ -81,7 +81,10 @@ class Topic:
         for group, batch in zip(groups, batches, strict=True):
             group.put(batch, fresh=fresh)
 
-    def group(self, name: str, *, create: bool = True, ephemeral: bool = False) -> Group | None:
+    def group(
+        self, name: str, *, create: bool = True, ephemeral: bool = False, record: bool = True
+    ) -> Group | None:
+        """`record=False`: made by another gateway sharing the store (claims.py)."""
         group = self.groups.get(name)
         if group is None and create:
             group = Group(self, name, ephemeral=ephemeral, max_attempts=self.broker.max_attempts)
@@ -89,7 +92,8 @@ class Topic:
             self.groups[name] = group
             if len(self.groups) == 1 and self.broker.on_groups is not None:
                 self.broker.on_groups(self.name, True)
-            group.journal.group_added(group)
+            if record:
+                group.journal.group_added(group)
             if adopt:
                 backlog, self.backlog = self.backlog, []
                 self.journal.backlog_fanned_out(self, [group])

@@ -214,6 +214,8 @@ def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
             pipe.hdel(key, [args[0]])
         elif fn == "hgetall":
             pipe.hgetall(key)
+        elif fn == "exists":
+            pipe.exists([key])
         else:
             pipe.fcall(fn, [key], args)
 
@@ -225,7 +227,7 @@ def _command(op: tuple[str, str, list[Any]]) -> list[Any]:
     return ["FCALL", fn, 1, key, *args]
 
 
-_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hgetall"})
+_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hgetall", "exists"})
 
 
 def _text(name: bytes | str) -> str:

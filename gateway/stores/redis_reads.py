@@ -53,6 +53,12 @@ class SharedReads:
             for name, groups in zip(names, replies, strict=True)
         }
 
+    async def holding(self, topics: Sequence[str]) -> set[str]:
+        """Those of `topics` whose messages are in Redis (a topic no longer registered,
+        yet published to since: its publish made it anew)."""
+        replies = await self.link.pipeline([("exists", topic_key(t) + "m", []) for t in topics])
+        return {t for t, n in zip(topics, replies, strict=True) if n}
+
     async def flush(self) -> None:
         raise NotImplementedError
 

@@ -360,3 +360,25 @@ async def test_what_a_claim_brings_after_the_room_went_goes_back_at_once(
         await trio.sleep(0.3)  # nothing may come to A: B holds all five
         assert on_a.got == []
         assert sorted(m.body for m in on_b.got) == [b"m%d" % i for i in range(5)]
+
+
+async def test_a_publish_after_another_gateway_deleted_the_topic_makes_it_anew(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A publishes to a topic B just deleted, before A's refresh shows it gone. The
+    publish was acknowledged: as in nsqd, it makes the topic anew, listed on every
+    gateway with its message waiting for a channel; not left in Redis under a topic no
+    gateway lists (seen again only if someone happened to use the name)."""
+    async with gateway(redis_url, tmp_path) as a, gateway(redis_url, tmp_path) as b:
+        b.group("t", "c")
+        await b.flush()
+        await until(lambda: "t" in a.topics)
+        b.delete_topic("t")
+        await b.flush()
+        a.publish("t", [b"after"])
+        await a.flush()
+        await until(lambda: "t" in b.topics and b.topics["t"].remote_backlog == 1)
+        assert "t" in a.topics and not a.topics["t"].groups
+        s = Finisher(hold=True)
+        b.group("t", "c2").attach(s, 60).set_ready(1)
+        await until(lambda: [m.body for m in s.got] == [b"after"])
