@@ -376,6 +376,10 @@ class SQLiteStore(Store):
     def _write(self, ops: list[tuple[Any, ...]]) -> None:
         db = self._db
         assert db is not None
+        if db.in_transaction:
+            # a failed write whose ROLLBACK failed too (an I/O error): its changes are
+            # kept in _ops and come again; without this, every BEGIN would fail for ever
+            db.execute("ROLLBACK")
         db.execute("BEGIN")
         try:
             delta = sql.apply(db, ops)
