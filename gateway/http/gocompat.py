@@ -6,6 +6,7 @@ String form.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # encoding/json escapes these even inside strings (HTML safety); Python's json does not.
@@ -18,12 +19,20 @@ _HTML_ESCAPES = {
 }
 
 
+_STRAY_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
 def go_json(value: Any) -> bytes:
     """json.Marshal's output: compact, UTF-8 (not \\u-escaped), HTML characters escaped.
     Dict keys keep their insertion order, which callers set to the Go struct's field order
     (or sorted, where Go marshals a map)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return text.translate(_HTML_ESCAPES).encode("utf-8", "surrogateescape")
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False).translate(_HTML_ESCAPES)
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # a surrogate that is no escaped byte: Go writes U+FFFD, and one odd name must
+        # not make the whole reply fail
+        return _STRAY_SURROGATE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
 
 
 class QueryError(ValueError):

@@ -555,6 +555,36 @@ async def test_stats_json_has_nsqds_shape_for_real_traffic() -> None:
         await sub.aclose()
 
 
+async def test_a_client_name_that_is_no_valid_text_reads_as_go_reads_it() -> None:
+    """IDENTIFY strings as nsqd's encoding/json decodes them: an invalid UTF-8 byte or an
+    unpaired surrogate escape becomes U+FFFD. Kept as they came, one client's name made
+    every /stats fail (500) while it was connected."""
+    async with http_gateway() as (gw, client):
+        conn = await RawNSQ.connect(gw)
+        body = b'{"client_id":"a\\ud800b","hostname":"h\xffst","user_agent":"ok"}'
+        await conn.send(b"IDENTIFY\n" + be32(len(body)) + body)
+        assert await conn.frame() == (0, b"OK")
+        await conn.send(b"PUB st\n" + be32(1) + b"x")
+        assert await conn.frame() == (0, b"OK")
+        for fmt in ("json", "text"):
+            reply = await client.get(f"/stats?format={fmt}")
+            assert reply.status_code == 200, reply.text
+        producer = (await client.get("/stats?format=json")).json()["producers"][0]
+        assert (producer["client_id"], producer["hostname"]) == ("a\ufffdb", "h\ufffdst")
+
+
+async def test_a_client_that_never_identified_is_named_by_its_address() -> None:
+    """As nsqd's newClientV2: client_id and hostname are the remote address, and the
+    state is 0 until SUB (nsqd never sets its "connected" 2 on a client)."""
+    async with http_gateway() as (gw, client):
+        conn = await RawNSQ.connect(gw)
+        await conn.send(b"PUB st\n" + be32(1) + b"x")
+        assert await conn.frame() == (0, b"OK")
+        (producer,) = (await client.get("/stats?format=json")).json()["producers"]
+        assert (producer["client_id"], producer["hostname"]) == ("127.0.0.1", "127.0.0.1")
+        assert producer["state"] == 0
+
+
 async def test_stats_filters_and_options() -> None:
     async with http_gateway() as (gw, client):
         pub, sub = await _traffic(gw)

@@ -6,6 +6,7 @@ Pure functions; the session applies the result to the connection.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 _VERSION = "1.3.0"  # what clients see as the nsqd version; they only log it
@@ -71,13 +72,16 @@ _FIELDS: dict[str, type] = {
     "long_id": str,
 }
 _INT32 = ("sample_rate",)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _decode(body: bytes) -> dict[str, object]:
     decode_error = IdentifyError("E_BAD_BODY IDENTIFY failed to decode JSON body")
     try:
-        raw = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        # As Go's encoding/json: UTF-8 only (a BOM or UTF-16 is refused, not detected),
+        # invalid bytes read as U+FFFD
+        raw = json.loads(body.decode("utf-8", "replace"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
         # RecursionError: Python's parser gives up near 1000 levels of nesting, Go's at
         # 10000; no client nests its IDENTIFY at all
         raise decode_error from None
@@ -99,6 +103,10 @@ def _decode(body: bytes) -> dict[str, object]:
                 raise decode_error
         elif type(value) is not want:
             raise decode_error
+        elif want is str:
+            # an unpaired surrogate escape ("\ud800") is U+FFFD too: kept, it could
+            # not be encoded again, and /stats would fail for everyone while it lasts
+            value = _LONE_SURROGATE.sub("\ufffd", value)  # type: ignore[arg-type]
         fields[name] = value
     return fields
 
@@ -124,7 +132,7 @@ def identify(body: bytes, server: ServerFeatures, remote_ip: str) -> Identity:
     elif not server.min_output_buffer_timeout <= obt <= server.max_output_buffer_timeout:
         raise IdentifyError(f"E_BAD_BODY IDENTIFY output buffer timeout ({obt}) is invalid")
     if obs == -1:
-        obs, obt = 0, 0
+        obs, obt = 1, 0  # nsqd's "no buffer": every delivery fills it
     elif obs == 0:
         obs = server.output_buffer_size
     elif not 64 <= obs <= server.max_output_buffer_size:

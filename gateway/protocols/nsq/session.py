@@ -57,9 +57,10 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         self.codec = NSQServerCodec(server.limits)
         self.codec.tls_required = server.tls_required and server.ssl_context is not None
         self.connect_ts = int(time.time())
-        # identity, as /stats shows it; the default client_id is the remote address
+        # identity, as /stats shows it; until IDENTIFY says otherwise, the client_id and
+        # hostname are the remote address (nsqd's newClientV2)
         self.client_id = self.remote_ip
-        self.hostname = ""
+        self.hostname = self.remote_ip
         self.user_agent = ""
         self.tls = False
         self.snappy = False
@@ -390,5 +391,6 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
 
     @property
     def state(self) -> int:
-        """nsqd's client state numbers for /stats: 2 connected, 3 subscribed, 4 closing."""
-        return {State.INIT: 2, State.SUBSCRIBED: 3, State.CLOSING: 4}.get(self.codec.state, 1)
+        """nsqd's client state numbers for /stats: 0 until SUB (nsqd never sets its
+        "connected" 2 on a client), 3 subscribed, 4 closing."""
+        return {State.INIT: 0, State.SUBSCRIBED: 3, State.CLOSING: 4}.get(self.codec.state, 1)
