@@ -207,6 +207,7 @@ class Archive:
         # own): their difference is what the buffer holds, with no lock
         self.queued = 0
         self.taken = 0
+        self.pending = 0  # taken, in the row group being filled (the writer's count)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -226,7 +227,9 @@ class Archive:
 
     @property
     def buffered(self) -> int:
-        return self.queued - self.taken
+        """Events recorded and not written yet: in the buffer, or taken by the writer
+        into the row group it is filling."""
+        return self.queued - self.taken + self.pending
 
     def recorder(self, topic: str) -> Recorder | None:
         """The recorder for `topic`, or None when the configured patterns leave it out."""
@@ -265,12 +268,15 @@ class Archive:
     def _run(self) -> None:
         pending: list[Entry] = []
         count = 0  # events in pending
+        since = 0.0  # when the first of them was taken
         while True:
             self._wake.wait(IDLE_WAKE_SECONDS)
             self._wake.clear()
             closing = self._closing
             asked = self._flush_asked
             buffer = self._buffer
+            if buffer and not pending:
+                since = self._clock()
             while buffer:
                 entry = buffer.popleft()
                 n = events_in(entry)
@@ -281,17 +287,24 @@ class Archive:
                     group, pending = split(pending, ROW_GROUP_ROWS)
                     count -= ROW_GROUP_ROWS
                     self._write(group)
+                    since = self._clock()
+            self.pending = count
             if pending and (closing or asked > self._flush_done):
                 self._write(pending)
                 pending, count = [], 0
+            # Readers see a segment once it is closed; `segment_seconds` bounds how long
+            # an event waits for that, counted from the segment's opening or, none open,
+            # from the oldest event not written (a slow trickle fills no row group).
             segment = self._segment
-            if segment is not None and (
-                closing or self._clock() - segment.opened >= self.segment_seconds
+            oldest = segment.opened if segment is not None else since
+            if (segment is not None or pending) and (
+                closing or self._clock() - oldest >= self.segment_seconds
             ):
                 if pending:
                     self._write(pending)
                     pending, count = [], 0
                 self._close_segment()
+            self.pending = count
             if asked > self._flush_done:
                 with self._flush_lock:
                     self._flush_done = asked

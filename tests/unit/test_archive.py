@@ -169,6 +169,31 @@ def test_rotation_by_time(tmp_path: Path) -> None:
     assert read_archive(tmp_path).column("id").to_pylist() == [1, 2]
 
 
+def test_a_trickle_of_events_is_readable_within_segment_seconds(tmp_path: Path) -> None:
+    """A few events, far fewer than a row group and no flush: `segment_seconds` after the
+    first was recorded they are in a closed segment, readable (and safe from kill -9)
+    without waiting for a row group to fill or for the gateway to stop."""
+    clock = Clock()
+    a = Archive(tmp_path, segment_seconds=5, clock=clock)
+    a.start()
+    try:
+        rec = a.recorder("orders")
+        assert rec is not None
+        rec.published([message(1)])
+        rec.published([message(2)])
+        deadline = time.monotonic() + 10  # the writer looks every IDLE_WAKE_SECONDS
+        while a.taken < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (a.taken, a.buffered) == (2, 2)  # taken into a row group, not written
+        clock.now += 5
+        while a.segments == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (a.segments, a.buffered) == (1, 0)
+        assert read_archive(tmp_path).column("id").to_pylist() == [1, 2]
+    finally:
+        a.close()
+
+
 def test_partitions_by_utc_date(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = Archive(tmp_path)
     rec = a.recorder("orders")
