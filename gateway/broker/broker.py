@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.archive import events
 from gateway.broker.claims import Claims
 from gateway.broker.group import Consumer, Group
 from gateway.broker.journal import NULL_JOURNAL, Journal, from_wall
@@ -213,8 +214,11 @@ class Broker:
         buried or deferred them."""
         if not group.shared:
             return group.kick(bound)
-        kicked = await group.journal.kick(group, bound)
+        kicked, which = await group.journal.kick(group, bound)
         group.kick_count += kicked
+        if group.archive is not None:
+            for msg in which:
+                group.archive.record(events.KICKED, msg, group.name)
         group.remote_buried_head = None
         # the shared counts as they now are, until the next refresh reads them
         if group.remote_buried:

@@ -142,6 +142,8 @@ class GroupAdmin:
         self.kick_count += 1
         msg.deliver_at = 0.0
         self.journal.changed(self, msg, expect="b" if buried else "d")
+        if self.archive is not None:
+            self.archive.record(events.KICKED, msg, self.name)
         if buried:
             self.remote_buried = max(0, self.remote_buried - 1)
             self.remote_buried_head = None

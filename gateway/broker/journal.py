@@ -110,10 +110,12 @@ class Journal:
             return _ClaimRecorder(self.store, group.topic.name, group.name)
         return self.store.recorder(group.topic.name, group.name)
 
-    async def kick(self, group: Group, n: int) -> int:
+    async def kick(self, group: Group, n: int) -> tuple[int, list[Message]]:
         """A shared store's buried (or deferred) messages: up to `n` of them ready again
-        now; how many there were."""
-        return await self.store.kick(group.topic.name, group.name, n)  # type: ignore[attr-defined,no-any-return]
+        now; how many there were, and which when the group is archived."""
+        return await self.store.kick(  # type: ignore[attr-defined,no-any-return]
+            group.topic.name, group.name, n, messages=group.archive is not None
+        )
 
     def touched(self, group: Group, message: Message, deadline: float) -> None:
         if self.store.shares:

@@ -470,14 +470,18 @@ class RedisStore(SharedReads, Store):
             out.append(per_group)
         return out
 
-    async def kick(self, topic: str, group: str, n: int) -> int:
+    async def kick(
+        self, topic: str, group: str, n: int, *, messages: bool = False
+    ) -> tuple[int, list[Message]]:
         """Shared: up to `n` buried (or, none buried, deferred) messages ready again, in
-        order after everything recorded; how many there were."""
-        kicked = int(await self._write(("gw_kick", topic_key(topic), [group, n])))
-        if kicked:
+        order after everything recorded; how many there were, and with `messages` which."""
+        reply = await self._write(("gw_kick", topic_key(topic), [group, n, int(messages)]))
+        kicked = unpack_flat(topic, reply) if messages else []
+        count = len(kicked) if messages else int(reply)
+        if count:
             self._notify(topic)  # with the next pipeline: the others claim them
             self._wake.set()
-        return kicked
+        return count, kicked
 
     @property
     def healthy(self) -> bool:

@@ -219,12 +219,17 @@ redis.register_function('gw_kick', function(keys, a)
   local from = p .. 'b:' .. g
   if redis.call('ZCARD', from) == 0 then from = p .. 'd:' .. g end
   local ids = redis.call('ZRANGE', from, 0, tonumber(a[2]) - 1)
+  -- a[3] '1': the kicked messages themselves, as entries (the archive records each)
+  local out, cur = a[3] == '1' and {} or nil, nil
   for _, id in ipairs(ids) do
     local _, prio = fields(p, g, id)
     redis.call('ZREM', from, id)
-    if prio then place(p, g, id, prio, 'r', 0) end
+    if prio then
+      place(p, g, id, prio, 'r', 0)
+      if out then cur = entry(p, g, id, out, cur) end
+    end
   end
-  return #ids
+  return out or #ids
 end)
 
 -- One message by id, read only (nothing materialized): its state in group g, the

@@ -11,6 +11,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
+from gateway.archive.read import read_archive
+from gateway.archive.writer import Archive
 from gateway.broker import Broker
 from gateway.broker.group import Consumer
 from gateway.model import Message
@@ -382,3 +384,40 @@ async def test_a_publish_after_another_gateway_deleted_the_topic_makes_it_anew(
         s = Finisher(hold=True)
         b.group("t", "c2").attach(s, 60).set_ready(1)
         await until(lambda: [m.body for m in s.got] == [b"after"])
+
+
+async def test_kicks_in_redis_are_archived_with_their_messages(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """beanstalkd kick and kick-job of jobs Redis keeps buried: the archive records a
+    `kicked` event for each, with the message's own fields, as for a local kick. Without
+    them a kicked job's last event stayed `buried`: the report counted it a dead letter,
+    and replay published it again while it was still queued."""
+    archive = Archive(tmp_path / "archive")
+    b = Broker(open_store(redis_url, tmp_path), archive=archive)
+    await b.open()
+    archive.start()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(b.run)
+        g = b.group("t", "g")
+        s = Finisher(hold=True)
+        c = g.attach(s, 60)
+        b.publish("t", [b"one", b"two"], priority=5)
+        c.set_ready(2)
+        await until(lambda: len(s.got) == 2)
+        for m in s.got:
+            g.bury(c, m.id)
+        await b.flush()
+        assert await b.kick(g, 1) == 1  # kick 1: the oldest burial
+        found = await g.journal.find([("t", ["g"])], s.got[1].id)
+        assert found is not None and found.state == "buried"
+        g.kick_stored(found.message, buried=True)  # kick-job
+        await b.flush()
+        nursery.cancel_scope.cancel()
+    await b.close()
+    archive.close()
+    kicked = [r for r in read_archive(tmp_path / "archive").to_pylist() if r["event"] == "kicked"]
+    assert sorted((r["id"], r["body"], r["priority"], r["group"]) for r in kicked) == [
+        (s.got[0].id, b"one", 5, "g"),
+        (s.got[1].id, b"two", 5, "g"),
+    ]
