@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.archive.events import PUBLISHED
 from gateway.pipeline.events import ending_with, load_events
-from gateway.pipeline.targets import Target, batches
+from gateway.pipeline.targets import ReplayError, Target, batches
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -93,7 +93,9 @@ def publish_partition(target: Target, rows: Iterable[Any]) -> Iterator[tuple[int
             publisher.publish(batch)
             published += len(batch)
         except Exception as exc:  # whatever the client raises: count it, never retry
-            failed += len(batch)
+            done = exc.done if isinstance(exc, ReplayError) else 0
+            published += done
+            failed += len(batch) - done
             errors.append(f"{target.url}: {_reason(exc)}")
             broken = True
     if publisher is not None:

@@ -89,14 +89,19 @@ class Target:
 
 class Publisher(Protocol):
     def publish(self, bodies: list[bytes]) -> None:
-        """Publish every body, or raise (OSError, ReplayError): then none of them is
-        counted as published."""
+        """Publish every body, or raise (OSError, ReplayError): then only the first
+        `ReplayError.done` of them count as published (none, for another error)."""
 
     def close(self) -> None: ...
 
 
 class ReplayError(Exception):
-    """The target refused a publish: the message is its reply."""
+    """The target refused a publish: the message is its reply. `done`: how many bodies of
+    the batch it had confirmed before (a target that takes them one at a time)."""
+
+    def __init__(self, message: str, done: int = 0) -> None:
+        super().__init__(message)
+        self.done = done
 
 
 def batches(bodies: Iterable[bytes]) -> Iterator[list[bytes]]:
@@ -159,11 +164,13 @@ class BeanstalkPublisher:
     def publish(self, bodies: list[bytes]) -> None:
         import greenstalk
 
-        for body in bodies:
+        for done, body in enumerate(bodies):
             try:
-                self.client.put(body)
+                self.client.put(body)  # answered INSERTED: confirmed, whatever comes next
             except greenstalk.Error as exc:  # JOB_TOO_BIG, DRAINING, ...
-                raise ReplayError(type(exc).__name__) from None
+                raise ReplayError(type(exc).__name__, done) from None
+            except OSError as exc:
+                raise ReplayError(f"{exc.strerror or exc}", done) from None
 
     def close(self) -> None:
         self.client.close()
