@@ -150,6 +150,7 @@ def start_session(
         raise PipelineError(
             "gateway pipeline needs pyspark: pip install 'mq-gateway[pipeline]'"
         ) from None
+    log = log.resolve()  # Spark reads it by a file: URI, which a relative path has not
     log.parent.mkdir(parents=True, exist_ok=True)
     log4j = log.with_name(f".{log.name}.log4j2.properties")
     log4j.write_text(LOG4J2)

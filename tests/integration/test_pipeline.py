@@ -238,19 +238,20 @@ def test_report_page_in_chromium(report_out: Path, tmp_path: Path) -> None:
 
 def test_report_on_a_standalone_cluster(traffic: Traffic, tmp_path: Path) -> None:
     """`gateway pipeline report --master spark://...` on a master and a worker started from
-    the pyspark package: the same numbers as on local Spark."""
+    the pyspark package: the same numbers as on local Spark. `--out` is relative, as in
+    the README's example (Spark's log goes there, read by a file: URI)."""
     with spark_cluster(tmp_path / "cluster") as master:
         result = subprocess.run(
             [sys.executable, "-m", "gateway", "pipeline", "report", "--master", master,
-             "--archive", str(traffic.archive), "--out", str(tmp_path / "out")],
-            capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
+             "--archive", str(traffic.archive), "--out", "out"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
             env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert lines[0].startswith("spark application app-"), lines  # a cluster's, not local-
-    assert lines[-1] == f"report: {tmp_path / 'out' / 'report.html'}"
+    assert lines[-1] == f"report: {(tmp_path / 'out' / 'report.html').resolve()}"
     check_report(tmp_path / "out", traffic)
 
 
