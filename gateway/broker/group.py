@@ -431,25 +431,6 @@ class Group(MemoryWindow, GroupAdmin):
             self._push_ready(msg)
         self.journal.changed(self, msg, priority_was=priority_was)
 
-    def close(self) -> None:
-        """The group is deleted: its consumers get nothing more; its counters are kept."""
-        if self.deleted:
-            return
-        self.deleted = True
-        self.topic.broker.retire(self)
-        # its messages went with it, those in flight too: a late release, bury or touch
-        # finds none (NOT_FOUND), and nothing more is recorded for the group
-        self.in_flight.clear()
-        for c in self.consumers:
-            c.attached = False
-            # its consumers hear of it, wherever the delete came from (here, or another
-            # gateway sharing the store): nsqd closes the clients of a deleted channel
-            closed = getattr(c.sink, "group_closed", None)
-            if closed is not None:
-                closed()
-        self.consumers.clear()
-        self._waiting.clear()
-
     # -- timers ----------------------------------------------------------------
 
     def on_timer(self, now: float) -> None:

@@ -6,6 +6,7 @@ kick/peek/delete/pause-tube, nsqd's channel empty and pause, and the admin page 
 
 from __future__ import annotations
 
+from collections import deque
 from heapq import heapify, heappop
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,8 @@ class GroupAdmin:
     remote_buried_head: Message | None
     _generation: int
     _deadlines: Deadlines
+    _waiting: deque[Consumer]
+    deleted: bool
 
     def _dispatch(self) -> None:  # pragma: no cover - Group's
         raise NotImplementedError
@@ -64,6 +67,30 @@ class GroupAdmin:
         self, msg: Message, delay: float, now: float, priority_was: int | None = None
     ) -> None:  # pragma: no cover - Group's
         raise NotImplementedError
+
+    def _bury(
+        self, msg: Message, priority_was: int | None = None, sink: object = None
+    ) -> None:  # pragma: no cover - Group's
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The group is deleted: its consumers get nothing more; its counters are kept."""
+        if self.deleted:
+            return
+        self.deleted = True
+        self.topic.broker.retire(self)
+        # its messages went with it, those in flight too: a late release, bury or touch
+        # finds none (NOT_FOUND), and nothing more is recorded for the group
+        self.in_flight.clear()
+        for c in self.consumers:
+            c.attached = False
+            # its consumers hear of it, wherever the delete came from (here, or another
+            # gateway sharing the store): nsqd closes the clients of a deleted channel
+            closed = getattr(c.sink, "group_closed", None)
+            if closed is not None:
+                closed()
+        self.consumers.clear()
+        self._waiting.clear()
 
     def return_in_flight(self, consumer: Consumer) -> None:
         """Everything `consumer` holds is ready again at once, counting no requeue or
@@ -101,6 +128,15 @@ class GroupAdmin:
         return msg
 
     # -- dead letters ----------------------------------------------------------
+
+    def bury_ready(self, msg_id: int) -> bool:
+        """Bury a message that waits here (ready or deferred) with no delivery: a dead
+        letter published to be buried (RocketMQ's %DLQ%). False when it is not here."""
+        msg = self._unqueue(msg_id)
+        if msg is None:
+            return False
+        self._bury(msg)
+        return True
 
     def kick(self, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,

@@ -166,3 +166,28 @@ async def test_archive_off_has_no_archive(tmp_path: Path) -> None:
         assert gw.broker.topics["t"].archive is None
         await pub.aclose()
     assert not (tmp_path / "archive").exists()
+
+
+async def test_a_rocketmq_dead_letter_is_archived_as_buried_not_as_a_delivery(
+    tmp_path: Path,
+) -> None:
+    """A resend past maxReconsumeTimes goes to %DLQ%<group>, buried there. The archive
+    shows its publish and its burial, by nobody: no delivery, which none made (the report
+    would count it, and show a rocketmq -> rocketmq flow that never happened)."""
+    from gateway.protocols.rocketmq.codes import RequestCode
+    from tests.integration.rocketmq_raw import RawRemoting
+
+    archive = tmp_path / "archive"
+    async with running_gateway(
+        rocketmq="127.0.0.1:0", archive__enabled=True, archive__dir=str(archive)
+    ) as gw:
+        conn = await RawRemoting.connect(gw)
+        header = {"a": "PID_raw", "b": "%RETRY%g", "c": "TBW102", "d": 4, "e": 0, "f": 0}
+        header |= {"g": 1700000000000, "h": 0, "i": "", "j": 5, "k": False, "l": 1}
+        reply = await conn.call(RequestCode.SEND_MESSAGE_V2, header, b"poison")
+        assert reply.code == 0, reply.remark
+        await conn.aclose()
+    rows = read_archive(archive).sort_by("time_ns").to_pylist()
+    dlq = [(r["event"], r["topic"], r["group"], r["consumer"]) for r in rows]
+    assert dlq == [("published", "%DLQ%g", "", ""), ("buried", "%DLQ%g", "g", "")], dlq
+    assert rows[1]["peer"] == "" and rows[1]["attempts"] == 0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from gateway.broker import Broker, Consumer, Group, query
+from gateway.broker import Broker, Group, query
 from gateway.metrics import Metrics
 from gateway.model import Message
 from gateway.protocols.rocketmq.feed import GroupFeed
@@ -45,17 +45,6 @@ _MAX_LOCKS: Final = 65536
 class Member:
     session: RocketMQSession
     seen: float  # trio clock of the last heartbeat
-
-
-class _DeadLetters:
-    """The consumer a dead-lettered message is taken by to be buried (never dispatched to:
-    its window stays 0)."""
-
-    protocol = "rocketmq"
-    remote = "dead letters"
-
-    def deliver(self, message: Message, consumer: Consumer) -> bool:  # pragma: no cover
-        return True
 
 
 @dataclass
@@ -87,7 +76,6 @@ class RocketMQServer:
     broadcasting: set[str] = field(default_factory=set)
     queue_hints: OrderedDict[int, int] = field(default_factory=OrderedDict)
     send_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    _dead_letters: dict[str, Consumer] = field(default_factory=dict)
     _msg_id_prefix: str = ""
     _msg_id_for: tuple[str, int] | None = None
 
@@ -321,12 +309,9 @@ class RocketMQServer:
         whatever other groups the topic has; one a reader of it took already is left to it."""
         dlq = self.broker.group(dlq_topic(group), group)
         messages = self.broker.publish(dlq_topic(group), [body], headers=headers, origin=origin)
-        consumer = self._dead_letters.get(group)
-        if consumer is None or not consumer.attached or consumer.group is not dlq:
-            consumer = self._dead_letters[group] = dlq.attach(_DeadLetters(), 0.0)
         for msg in messages:
-            if dlq.take_any(consumer, msg.id) is not None:
-                dlq.bury(consumer, msg.id)
+            # buried as it is, not delivered first: the archive shows no delivery
+            dlq.bury_ready(msg.id)
         return messages
 
     def dead_letter_group(self, group: str) -> Group | None:
