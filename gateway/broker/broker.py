@@ -165,8 +165,12 @@ class Broker:
         timers = self._timers
         while True:
             now = trio.current_time()
+            # what is due now, taken first: a wake-up asked for during these calls waits
+            # for the next pass, after a checkpoint, even one asked for at a past time
+            due = []
             while timers and timers[0][0] <= now:
-                when, _, group = heapq.heappop(timers)
+                due.append(heapq.heappop(timers))
+            for when, _, group in due:
                 if group.next_wake == when:
                     group.on_timer(now)
             wake_at = timers[0][0] if timers else math.inf

@@ -468,6 +468,11 @@ class Group(MemoryWindow, GroupAdmin):
             else:
                 self.ready.push(msg)
         self._dispatch()
+        # a timed pause that ended (the dispatch clears it only when it has work to do)
+        # is no wake-up any more: scheduled again at a past time, the timer would loop
+        if self.pause_until and self.pause_until <= now:
+            self.pause_until = 0.0
+            self.pause_length = 0
         nxt = min(
             deadlines.next_due(),
             deferred[0][0] if deferred else _INF,

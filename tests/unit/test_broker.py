@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import trio
 import trio.testing
@@ -392,3 +394,23 @@ async def test_a_memory_url_store_records_nothing_and_the_broker_works_the_same(
     assert g.requeue(c, sink.got[1].id, 0.0) is Outcome.OK
     assert sink.bodies[-1] == b"b" and sink.attempts[-1] == 2
     assert store._topics == {}  # nothing was recorded
+
+
+async def test_a_timed_pause_that_ends_with_nobody_waiting_leaves_no_wake_up(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """beanstalkd pause-tube whose time runs out while no worker waits: the timer's pass
+    at its end must clear it and ask for no further wake-up. It asked for one at the
+    pause's (past) end again, and the timer task called it again at once, for ever: the
+    whole gateway stopped answering."""
+    async with broker() as b:
+        g = b.group("t", "c")
+        g.pause_for(1)
+        mock_clock.jump(1.5)
+        g.on_timer(trio.current_time())  # the timer task's call at the pause's end
+        assert g.pause_until == 0.0
+        assert g.next_wake == math.inf
+        b.publish("t", [b"x"])  # and the tube works
+        s = Collector()
+        g.attach(s, 60).set_ready(1)
+        assert s.bodies == [b"x"]
