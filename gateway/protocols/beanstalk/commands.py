@@ -1,9 +1,12 @@
 """The beanstalkd commands that choose, list, inspect and administer tubes and jobs
-(`use`, `watch`, `ignore`, `list-*`, `pause-tube`, `peek*`, `kick*`, `stats*`, and
-`delete` of a job a shared store keeps): a part of
-the session kept apart from the put/reserve/delete path it shares state with."""
+(`use`, `watch`, `ignore`, `list-*`, `pause-tube`, `peek*`, `kick*`, `stats*`,
+`release`, `bury` and `touch` of a job the connection holds, and `delete` of a job a
+shared store keeps): a part of the session kept apart from the put/reserve/delete path
+it shares state with."""
 
 from __future__ import annotations
+
+import math
 
 from gateway.broker import Consumer, Group, Topic, query
 from gateway.protocols.beanstalk import codec as bc
@@ -26,6 +29,53 @@ class TubeCommands:
 
     def _delete(self, event: ev.Delete) -> bytes:
         raise NotImplementedError  # the session's
+
+    def _held(self, job_id: int) -> Consumer | None:
+        raise NotImplementedError  # the session's
+
+    # -- jobs this connection holds, besides delete ------------------------------------
+
+    def _release(self, event: ev.Release) -> bytes:
+        self.server.commands["release"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        consumer.group.requeue(consumer, event.id, float(event.delay), event.pri)
+        del self.reserved[event.id]
+        self._done_with(consumer)
+        return bc.RELEASED
+
+    def _bury(self, event: ev.Bury) -> bytes:
+        self.server.commands["bury"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        consumer.group.bury(consumer, event.id, event.pri)
+        del self.reserved[event.id]
+        self._done_with(consumer)
+        return bc.BURIED
+
+    def _touch(self, event: ev.Touch) -> bytes:
+        self.server.commands["touch"] += 1
+        consumer = self._held(event.id)
+        if consumer is None:
+            return bc.NOT_FOUND
+        entry = query.reservation(consumer.group, event.id)
+        assert entry is not None  # _held saw it
+        ttr = entry.message.ttr or consumer.timeout
+        consumer.group.touch(consumer, event.id, ttr, math.inf)
+        return bc.TOUCHED
+
+    def _done_with(self, consumer: Consumer) -> None:
+        """A job this connection held is its no more. The consumer of a tube it does not
+        watch (a reserve-job, or ignored since) goes once it holds nothing there, and the
+        tube is freed as beanstalkd frees it (nobody uses or watches it, no job)."""
+        tube = consumer.group.topic.name
+        if consumer.in_flight or tube in self.watched or self.consumers.get(tube) is not consumer:
+            return
+        consumer.group.detach(consumer, requeue=False)
+        del self.consumers[tube]
+        self.server.release_tube(tube)
 
     async def _delete_anywhere(self, event: ev.Delete) -> bytes:
         """delete with a shared store (Redis) of a job this connection does not hold: here,
@@ -100,9 +150,9 @@ class TubeCommands:
 
     def _pause_tube(self, event: ev.PauseTube) -> bytes:
         server = self.server
+        server.commands["pause-tube"] += 1  # counted first, as beanstalkd does
         if query.topic(server.broker, event.tube) is None:
             return bc.NOT_FOUND
-        server.commands["pause-tube"] += 1
         server.tube_pauses[event.tube] += 1
         group = server.group(event.tube, create=True)
         if group is not None:

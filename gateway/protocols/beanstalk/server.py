@@ -118,6 +118,10 @@ class BeanstalkServer:
         if group is not None:
             if group.consumers or query.holds_messages(group):
                 return
+            if set(group.by_protocol) - {"beanstalk"}:
+                # an NSQ channel named like the workers' group (docs/semantics.md) that
+                # an NSQ consumer used: nsqd keeps a channel its consumers left
+                return
             topic.delete_group(self.group_name)
         if (
             not query.has_groups(topic)

@@ -114,11 +114,13 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         for consumer in self.consumers.values():
             # beanstalkd: reserved jobs are ready again at once, no timeout counted
             consumer.group.detach(consumer, requeue=True)
+        # the tubes of jobs it held without watching them (reserve-job) too
+        tubes = {self.used, *self.watched, *self.consumers}
         self.consumers.clear()
         server.using[self.used] -= 1
         for tube in self.watched:
             server.watching[tube] -= 1
-        for tube in {self.used, *self.watched}:
+        for tube in tubes:
             server.release_tube(tube)
 
     def _consumer(self, tube: str, group: Group | None = None) -> Consumer:
@@ -239,6 +241,8 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         if isinstance(event, ev.PutRejected):
             self.server.commands["put"] += 1
             if event.consumes_id:
+                # beanstalkd made the job (and counted a producer) before the body failed
+                self.is_producer = True
                 self.server.broker.burn_id()
             reply = event.reply
         else:
@@ -249,9 +253,9 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
     def _put(self, event: ev.Put) -> bytes:
         server = self.server
         server.commands["put"] += 1
+        self.is_producer = True  # beanstalkd counts it before the drain check
         if server.draining:
             return bc.DRAINING
-        self.is_producer = True
         server.ensure_tube(self.used)
         try:
             (msg,) = server.broker.publish(
@@ -399,6 +403,8 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
             group.finish(consumer, event.id)
             del self.reserved[event.id]
             server.tube_deletes[group.topic.name] += 1
+            if not consumer.in_flight:
+                self._done_with(consumer)
             return bc.DELETED
         found = server.find_job(event.id)
         if found is None or found.state == "reserved":
@@ -411,35 +417,6 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         server.tube_deletes[tube] += 1
         server.release_tube(tube)
         return bc.DELETED
-
-    def _release(self, event: ev.Release) -> bytes:
-        self.server.commands["release"] += 1
-        consumer = self._held(event.id)
-        if consumer is None:
-            return bc.NOT_FOUND
-        consumer.group.requeue(consumer, event.id, float(event.delay), event.pri)
-        del self.reserved[event.id]
-        return bc.RELEASED
-
-    def _bury(self, event: ev.Bury) -> bytes:
-        self.server.commands["bury"] += 1
-        consumer = self._held(event.id)
-        if consumer is None:
-            return bc.NOT_FOUND
-        consumer.group.bury(consumer, event.id, event.pri)
-        del self.reserved[event.id]
-        return bc.BURIED
-
-    def _touch(self, event: ev.Touch) -> bytes:
-        self.server.commands["touch"] += 1
-        consumer = self._held(event.id)
-        if consumer is None:
-            return bc.NOT_FOUND
-        entry = query.reservation(consumer.group, event.id)
-        assert entry is not None  # _held saw it
-        ttr = entry.message.ttr or consumer.timeout
-        consumer.group.touch(consumer, event.id, ttr, math.inf)
-        return bc.TOUCHED
 
     async def _reserve_job(self, event: ev.ReserveJob) -> bytes:
         found = await self.server.find_shared_job(event.id)
