@@ -66,6 +66,26 @@ async def test_nsq_channel_named_like_the_group_shares_work_with_beanstalk_worke
         assert (await worker.call(b"stats-job %d\r\n" % int(nsq_id, 16))).count(b"state: reserved")
 
 
+async def test_an_nsq_channel_named_like_the_group_outlives_beanstalkd_tube_releases() -> None:
+    """The NSQ channel named like the workers' group is an NSQ channel: nsqd keeps it when
+    its consumers leave, and messages published meanwhile wait in it. A beanstalkd
+    connection that stops watching (or using) the tube must not delete it."""
+    async with gateway() as gw:
+        nsq = await _nsq_consumer(gw, b"jobs", b"beanstalk")
+        await nsq.aclose()
+        bs = await RawBeanstalk.connect(gw)
+        assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
+        assert await bs.call(b"ignore jobs\r\n") == b"WATCHING 1\r\n"
+        assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
+        assert await bs.call(b"use default\r\n") == b"USING default\r\n"
+        assert "beanstalk" in gw.broker.topics["jobs"].groups
+        publisher = await RawNSQ.connect(gw)
+        await publisher.send(b"PUB jobs\n" + be32(4) + b"kept")
+        assert await publisher.frame() == (0, b"OK")
+        nsq = await _nsq_consumer(gw, b"jobs", b"beanstalk")
+        assert (await _message(nsq))[2] == b"kept"
+
+
 async def test_nsq_req_is_a_release_and_fin_is_a_delete() -> None:
     async with gateway() as gw:
         producer = await RawBeanstalk.connect(gw)
