@@ -408,3 +408,55 @@ async def test_java_style_pulls_take_the_heartbeat_subscription() -> None:
     assert [r.body for r in decode_records(pulled.body)] == [b"TagA", b"TagA"]
     assert after.ext_fields["offset"] == str(start + 2)
     assert c.opaque - 1 not in c.responses  # the oneway commit was not answered
+
+
+async def test_a_producers_queue_choice_holds_while_its_group_consumes() -> None:
+    """An orderly producer sends to one queue (MessageQueueSelector); with the group's
+    consumers running, the feed takes each message as it is published. Every message
+    must be in the queue the producer chose, in order; it went to `id mod queues`,
+    while the send result still named the chosen queue."""
+    async with rocketmq_gateway() as gw:
+        c = await RawRemoting.connect(gw)
+        assert (await c.heartbeat("cid@1", "G", {"O": "*"})).code == ResponseCode.SUCCESS
+        offsets = {}
+        for q in range(4):
+            fields = {"consumerGroup": "G", "topic": "O", "queueId": q}
+            query = await c.call(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            offsets[q] = int(query.ext_fields["offset"])
+        for i in range(4):
+            sent = await c.produce("O", b"m%d" % i, queue_id=2)
+            assert sent.ext_fields["queueId"] == "2"
+        got = {}
+        for q in range(4):
+            reply = await c.pull("O", "G", q, offsets[q])
+            got[q] = [r.body for r in decode_records(reply.body)] if reply.body else []
+        await c.aclose()
+    assert got == {0: [], 1: [], 2: [b"m0", b"m1", b"m2", b"m3"], 3: []}
+
+
+async def test_values_a_java_broker_takes_are_answered_not_fatal() -> None:
+    """A property cut inside a surrogate pair (a JS string cut mid-emoji) is stored as
+    Java stores it ("?") and pulled like any other; a count that str.isdigit() takes and
+    int() does not ("²") or a malformed number ("--5") gets an error answer with the
+    opaque, never a dropped connection (which took the connection's held pulls with it)."""
+    async with rocketmq_gateway(rocketmq_broker__read_queues=1) as gw:
+        c = await RawRemoting.connect(gw)
+        assert (await c.heartbeat("cid@1", "G", {"S": "*"})).code == ResponseCode.SUCCESS
+        query = await c.call(
+            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "G", "topic": "S", "queueId": 0}
+        )
+        start = int(query.ext_fields["offset"])
+        cut = "TAGS\x01A\x02note\x01cut \ud83d\x02RECONSUME_TIME\x01\u00b2\x02DELAY\x01\u00b2\x02"
+        assert (await c.produce("S", b"odd", cut)).code == ResponseCode.SUCCESS
+        assert (await c.produce("S", b"plain")).code == ResponseCode.SUCCESS
+        reply = await c.pull("S", "G", 0, start)
+        assert [r.body for r in decode_records(reply.body)] == [b"odd", b"plain"]
+        assert "cut ?" in decode_records(reply.body)[0].properties
+        for bad in ("--5", "\u00b2"):
+            commit = await c.call(
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                {"consumerGroup": "G", "topic": "S", "queueId": 0, "commitOffset": bad},
+            )
+            assert commit.code != ResponseCode.SUCCESS, bad
+        assert (await c.produce("S", b"after")).code == ResponseCode.SUCCESS  # still open
+        await c.aclose()

@@ -67,6 +67,9 @@ class HeaderError(Exception):
 # -- extFields typing ---------------------------------------------------------------------
 
 
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
 def ext_text(value: object) -> str:
     """One extFields value as the text a Java broker sees (notes 2.2).
 
@@ -76,6 +79,10 @@ def ext_text(value: object) -> str:
     `True`); objects and arrays their compact JSON, as fastjson's cast to String gives.
     """
     if value.__class__ is str:
+        if _LONE_SURROGATE.search(value):  # type: ignore[arg-type]
+            # a JS string cut inside a pair ("\ud83d"): Java's String reads it, and writes
+            # it out as "?"; kept, it could not be encoded again (a pull would fail)
+            return _LONE_SURROGATE.sub("?", value)  # type: ignore[arg-type]
         return value  # type: ignore[return-value]
     if value is True:
         return "true"

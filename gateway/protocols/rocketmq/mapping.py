@@ -161,7 +161,13 @@ def properties_text(headers: Iterable[tuple[str, str]] | None) -> str:
     size = 0
     for name, value in merged.items():
         item = f"{name}\x01{value}\x02"
-        size += len(item.encode("utf-8"))
+        try:
+            size += len(item.encode("utf-8"))
+        except UnicodeEncodeError:
+            # a header of another protocol that is no text (NATS bytes, a lone surrogate):
+            # "?" for what UTF-8 cannot carry, as Java writes such a String
+            item = item.encode("utf-8", "replace").decode("utf-8")
+            size += len(item.encode("utf-8"))
         if size > MAX_PROPERTIES_BYTES:
             break
         parts.append(item)
@@ -170,8 +176,8 @@ def properties_text(headers: Iterable[tuple[str, str]] | None) -> str:
 
 def int_header(msg: Message, name: str) -> int:
     value = header(msg, name)
-    if value is None or not value.isdigit() or len(value) > 9:
-        return 0
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 9:
+        return 0  # "²" is a digit to str.isdigit, not to int()
     return int(value)
 
 

@@ -120,7 +120,7 @@ class ProduceRequests:
     def _delay(self, headers: list[tuple[str, str]]) -> float:
         level = 0
         for name, value in headers:
-            if name == DELAY and value.isdigit() and len(value) < 4:
+            if name == DELAY and value.isascii() and value.isdigit() and len(value) < 4:
                 level = int(value)
         levels = self.server.delay_levels
         return levels[min(level, len(levels)) - 1] if level > 0 else 0.0
@@ -186,13 +186,19 @@ class ProduceRequests:
         server = self.server
         count = server.write_queues if not topic.startswith(RETRY_PREFIX) else 1
         queue_id = rq.integer(fields, "queueId", -1)
-        messages = server.broker.publish(
-            topic,
-            bodies,
-            delay=self._delay(headers),
-            headers=headers or None,
-            origin=self.origin,
-        )
+        # A group's feed may take the messages during publish() (a consumer with room):
+        # the producer's queue choice must be known then, not recorded after.
+        server.sending = (topic, self.origin, queue_id) if 0 <= queue_id < count else None
+        try:
+            messages = server.broker.publish(
+                topic,
+                bodies,
+                delay=self._delay(headers),
+                headers=headers or None,
+                origin=self.origin,
+            )
+        finally:
+            server.sending = None
         if not 0 <= queue_id < count:
             queue_id = messages[0].id % count  # Java: a negative queue means "broker picks"
         return messages, queue_id, server.sent(topic, queue_id, messages)

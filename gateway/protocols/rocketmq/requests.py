@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from gateway.protocols.rocketmq.codec import ResponseCode
 from gateway.protocols.rocketmq.events import Request
 from gateway.protocols.rocketmq.header import ext_bool
@@ -28,6 +30,9 @@ def text(request: Request, name: str, default: str | None = None) -> str:
     return value
 
 
+_INTEGER = re.compile(r"-?[0-9]+")  # Long.parseLong's digits (ASCII only; one sign)
+
+
 def integer(request: Request, name: str, default: int | None = None) -> int:
     raw = request.ext_fields.get(name)
     if raw is None:
@@ -35,7 +40,7 @@ def integer(request: Request, name: str, default: int | None = None) -> int:
             raise BadRequest(f"the custom field <{name}> is null")
         return default
     raw = raw.strip()
-    if len(raw) > 20 or not raw.lstrip("-").isdigit():
+    if len(raw) > 20 or not _INTEGER.fullmatch(raw):
         raise BadRequest(f"the custom field <{name}> is not a number: {raw[:40]!r}")
     value = int(raw)
     if not _INT64_MIN <= value <= _INT64_MAX:

@@ -75,6 +75,9 @@ class RocketMQServer:
     # the groups of BROADCASTING clients, one per client (broadcast_group)
     broadcasting: set[str] = field(default_factory=set)
     queue_hints: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    # (topic, origin, queue) of a send being published now (produce.py): its messages'
+    # queue before sent() records it
+    sending: tuple[str, str, int] | None = None
     send_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     _msg_id_prefix: str = ""
     _msg_id_for: tuple[str, int] | None = None
@@ -159,7 +162,12 @@ class RocketMQServer:
         """The queue a message goes to in every group's feed: its producer's choice, or by
         id (round robin for one publisher) for messages from other protocols."""
         hint = self.queue_hints.get(message.id)
-        return hint if hint is not None else message.id
+        if hint is not None:
+            return hint
+        sending = self.sending  # a send whose messages are being published right now
+        if sending is not None and (message.topic, message.origin) == sending[:2]:
+            return sending[2]
+        return message.id
 
     # -- consumer groups ----------------------------------------------------------------------
 

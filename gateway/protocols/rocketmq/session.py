@@ -180,6 +180,11 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
             answer = self.error(
                 request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
             )
+        except Exception as exc:
+            # A Java broker's request processor answers SYSTEM_ERROR for what it did not
+            # foresee, and the connection (with its other requests, held pulls) lives on.
+            log.exception("rocketmq %s: request code %d failed", self.remote, request.code)
+            answer = self.error(request, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}")
         return None if request.oneway else answer
 
     def error(self, request: Request, code: int, remark: str) -> bytes:
