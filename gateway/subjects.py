@@ -80,9 +80,12 @@ class _Level:
 
 
 def _match_level(level: _Level, tokens: list[str], i: int, out: list[object]) -> None:
-    # The recursion of sublist.go matchLevel: at each level a `>` node matches the rest,
-    # a `*` node and the literal node for this token continue one level down.
+    # sublist.go's matchLevel: at each level a `>` node matches the rest, a `*` node and
+    # the literal node for this token continue one level down. The `*` branches wait on
+    # a stack, not in recursion: a subscription of 1,500 `*` tokens fits in a control
+    # line, and one level of Python recursion per token would end in RecursionError.
     n = len(tokens)
+    pending: list[tuple[_Level, int]] = []
     while True:
         fwc = level.fwc
         if fwc is not None:
@@ -95,12 +98,15 @@ def _match_level(level: _Level, tokens: list[str], i: int, out: list[object]) ->
                 out.extend(pwc.items.values())
             if node is not None:
                 out.extend(node.items.values())
+        else:
+            if pwc is not None and pwc.next is not None:
+                pending.append((pwc.next, i))
+            if node is not None and node.next is not None:
+                level = node.next
+                continue
+        if not pending:
             return
-        if pwc is not None and pwc.next is not None:
-            _match_level(pwc.next, tokens, i, out)
-        if node is None or node.next is None:
-            return
-        level = node.next
+        level, i = pending.pop()
 
 
 class SubjectIndex:

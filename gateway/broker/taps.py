@@ -37,7 +37,9 @@ from gateway.subjects import SubjectIndex
 
 
 class Tap(Protocol):
-    def tap(self, message: Message, publisher: object | None) -> None: ...
+    def tap(self, message: Message, publisher: object | None) -> bool | None:
+        """Take the message; False when this tap declines it (its own publisher's echo,
+        a subject its subscriber may not receive): a queue group then tries another."""
 
 
 class DeferredTap(Protocol):
@@ -60,6 +62,10 @@ class _Queue:
         self.remotes: list[Tap] = []  # each with a `weight`
         self.turn = 0
 
+    @property
+    def members(self) -> int:
+        return len(self.local) + len(self.remotes)
+
     def pick(self, routed: tuple[str, ...] | None) -> Tap | None:
         local = self.local
         if routed is not None:
@@ -69,6 +75,8 @@ class _Queue:
             return local[self.turn]
         remotes = self.remotes
         if not remotes:
+            if not local:  # its last member left during this batch
+                return None
             self.turn = (self.turn + 1) % len(local)
             return local[self.turn]
         # weighted round robin over local members (weight 1) and routes (their weight)
@@ -93,6 +101,10 @@ class Taps:
         self._queues: dict[tuple[str, str], _Queue] = {}
         self.watch: InterestWatch | None = None
         self.deferred: list[DeferredTap] = []
+        # deliveries made by the last deliver() (a publisher that asked for no-responders
+        # sets it to 0 before publishing: nothing took it, 503)
+        self.reached = 0
+        self._spin = 0  # which of several queues of one name is tried first
 
     def __bool__(self) -> bool:
         # asked on every publish: one frame, not two (bool() of the index calls its __len__)
@@ -153,16 +165,57 @@ class Taps:
         if routed is not None:
             targets = [t for t in targets if not getattr(t, "remote", False)]
         deferred = self.deferred
+        if not self._queues:  # no queue group anywhere: every target is a plain tap
+            declined = 0
+            for message in messages:
+                for target in targets:
+                    if target.tap(message, publisher) is False:  # type: ignore[attr-defined]
+                        declined += 1
+                if deferred:
+                    for waiting in deferred:
+                        waiting.tapped(message)
+                    deferred.clear()
+            self.reached += len(targets) * len(messages) - declined
+            return len(targets)
+        # nats-server puts every matching queue subscription of one queue name in one
+        # group, whatever its subject: `job.> q` and `job.* q` share each message
+        plain: list[Tap] = []
+        named: dict[str, list[_Queue]] = {}
+        for target in targets:
+            if target.__class__ is _Queue:
+                named.setdefault(target.name, []).append(target)  # type: ignore[attr-defined]
+            else:
+                plain.append(target)  # type: ignore[arg-type]
         for message in messages:
-            for target in targets:
-                if target.__class__ is _Queue:
-                    member = target.pick(routed)  # type: ignore[attr-defined]
-                    if member is not None:
-                        member.tap(message, publisher)
-                else:
-                    target.tap(message, publisher)  # type: ignore[attr-defined]
+            for tap in plain:
+                if tap.tap(message, publisher) is not False:
+                    self.reached += 1
+            for queues in named.values():
+                if self._one_of(queues, message, publisher, routed):
+                    self.reached += 1
             if deferred:
                 for waiting in deferred:
                     waiting.tapped(message)
                 deferred.clear()
         return len(targets)
+
+    def _one_of(
+        self,
+        queues: list[_Queue],
+        message: Message,
+        publisher: object | None,
+        routed: tuple[str, ...] | None,
+    ) -> bool:
+        """One member of a queue group takes the message: round robin over its members
+        (across the subscriptions of its name), the next one when a member declines it,
+        as nats-server goes on until a delivery succeeds."""
+        n = len(queues)
+        tries = sum([q.members for q in queues])
+        start = self._spin
+        if n > 1:
+            self._spin += 1
+        for i in range(tries):
+            member = queues[(start + i) % n].pick(routed)
+            if member is not None and member.tap(message, publisher) is not False:
+                return True
+        return False

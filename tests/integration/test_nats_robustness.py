@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from tests.clients.nats.cluster import nats_server
-from tests.helpers import read_to_close, read_until, running_gateway
+from tests.helpers import RawNSQ, be32, read_to_close, read_until, running_gateway
 
 
 async def _connect(gw: object) -> trio.SocketStream:
@@ -65,7 +65,8 @@ async def test_auth_is_required_when_configured() -> None:
         assert await read_to_close(stream) == b"-ERR 'Authorization Violation'\r\n"
         stream = await _connect(gw)
         await stream.send_all(b'CONNECT {"auth_token":"s3cret"}\r\nPING\r\n')
-        assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+        # verbose, as nats-server's CONNECT is when it does not say
+        assert await read_until(stream, b"PONG\r\n") == b"+OK\r\nPONG\r\n"
 
 
 async def _silent_client(address: tuple[str, int]) -> bytes:
@@ -117,3 +118,26 @@ async def test_a_client_that_answers_stays(autojump_clock: trio.testing.MockCloc
         assert 14 <= pings <= 16
         await stream.send_all(b"PING\r\n")
         assert await read_until(stream, b"PONG\r\n") == b"PONG\r\n"
+
+
+async def test_a_batch_publish_stops_at_max_and_survives_a_queue_emptied() -> None:
+    """An NSQ MPUB (or a run of RMSGs) is one publish of several messages. A NATS
+    subscription whose UNSUB max is reached within it gets no more of them, and a queue
+    group whose last member leaves that way must not break the publish: the NSQ
+    publisher got no OK (an exception ended its connection) though the messages were
+    stored, and would publish them again."""
+    async with running_gateway(nats="127.0.0.1:0", nsq="127.0.0.1:0") as gw:
+        sub = await _connect(gw)
+        await sub.send_all(
+            b'CONNECT {"verbose":false}\r\nSUB t 1\r\nUNSUB 1 1\r\n'
+            b"SUB t q 2\r\nUNSUB 2 1\r\nPING\r\n"
+        )
+        await read_until(sub, b"PONG\r\n")
+        nsq = await RawNSQ.connect(gw)
+        bodies = [b"b1", b"b2", b"b3"]
+        payload = be32(len(bodies)) + b"".join(be32(len(b)) + b for b in bodies)
+        await nsq.send(b"MPUB t\n" + be32(len(payload)) + payload)
+        assert await nsq.frame() == (0, b"OK")
+        await sub.send_all(b"PING\r\n")
+        got = await read_until(sub, b"PONG\r\n")
+        assert got.count(b"MSG t 1 ") == 1 and got.count(b"MSG t 2 ") == 1, got

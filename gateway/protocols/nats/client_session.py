@@ -22,7 +22,7 @@ from gateway.protocols.nats.headers import encode_headers, parse_headers
 from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
 from gateway.stores.base import StoreError
-from gateway.subjects import is_valid_subscription, matches
+from gateway.subjects import is_valid_subject, is_valid_subscription, matches
 from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
 
 # what _process tells the reader
@@ -50,6 +50,7 @@ class Subscription:
         "_names",
         "_topic",
         "delivered",
+        "dropped",
         "filtered",
         "max_msgs",
         "queue",
@@ -65,6 +66,7 @@ class Subscription:
         self.sid = sid
         self.max_msgs: int | None = None
         self.delivered = 0
+        self.dropped = False  # unsubscribed, or its max reached (a batch may still come)
         # a wildcard that overlaps the user's subscribe deny list: each message is checked
         perms = session.perms
         self.filtered = perms is not None and perms.filters_delivery(subject)
@@ -73,12 +75,13 @@ class Subscription:
         self._topic: str | None = None
         self._names = b""
 
-    def tap(self, message: Message, publisher: object | None) -> None:
+    def tap(self, message: Message, publisher: object | None) -> bool:
+        """Deliver; False when declined (a queue group then tries another member)."""
         session = self.session
-        if publisher is session and not session.echo:
-            return
+        if self.dropped or (publisher is session and not session.echo):
+            return False
         if self.filtered and not session.perms.can_receive(message.topic):  # type: ignore[union-attr]
-            return
+            return False
         self.delivered += 1
         topic = message.topic
         if topic != self._topic:
@@ -87,6 +90,7 @@ class Subscription:
         session.send_message(self._names, message)
         if self.max_msgs is not None and self.delivered >= self.max_msgs:
             session.drop(self)
+        return True
 
 
 class NATSClientSession(QueuedWriter):
@@ -98,7 +102,8 @@ class NATSClientSession(QueuedWriter):
         self.codec.require_connect = server.auth_required
         self.subs: dict[str, Subscription] = {}
         self.connected = False
-        self.verbose = False
+        self.verbose = True  # nats-server's, until CONNECT says otherwise
+        self.pedantic = True
         self.echo = True
         self.headers = False
         self.no_responders = False
@@ -306,13 +311,13 @@ class NATSClientSession(QueuedWriter):
             if not self.connected and cls is not ev.Connect and self.server.auth_required:
                 self._error("Authorization Violation")
                 return _CLOSE
-            if cls is ev.Pub:
-                if not self._publish(event.subject, event.reply, event.payload, None):  # type: ignore[union-attr]
-                    continue
-            elif cls is ev.HPub:
-                if not self._publish(event.subject, event.reply, event.payload, event.headers):  # type: ignore[union-attr]
-                    continue
-            elif cls is ev.Ping:
+            if cls is ev.Pub:  # (a publish says its own +OK)
+                self._publish(event.subject, event.reply, event.payload, None)  # type: ignore[union-attr]
+                continue
+            if cls is ev.HPub:
+                self._publish(event.subject, event.reply, event.payload, event.headers)  # type: ignore[union-attr]
+                continue
+            if cls is ev.Ping:
                 out.append(cc.PONG)
                 continue
             elif cls is ev.Pong:
@@ -352,7 +357,9 @@ class NATSClientSession(QueuedWriter):
         if not accepted:
             self._error("Authorization Violation")
             return False
-        self.verbose = option(options, "verbose") is True
+        # nats-server's defaults for what CONNECT leaves out: verbose and pedantic on
+        self.verbose = option(options, "verbose", True) is not False
+        self.pedantic = option(options, "pedantic", True) is not False
         self.echo = option(options, "echo", True) is not False
         self.headers = option(options, "headers") is True
         self.no_responders = option(options, "no_responders") is True
@@ -368,16 +375,22 @@ class NATSClientSession(QueuedWriter):
 
     def _publish(
         self, subject: str, reply: str | None, payload: bytes, block: bytes | None
-    ) -> bool:
-        """False when the publish was refused before anything happened (no +OK)."""
+    ) -> None:
+        """nats-server's order: pedantic check, permission check, +OK (verbose), MSGs."""
+        if self.pedantic and not is_valid_subject(subject):
+            self._error("Invalid Publish Subject")  # nats-server publishes it all the same
         if self.perms is not None and not self.perms.can_publish(subject):
             # nats-server: the message is dropped, the connection stays
             self._error(violation("Publish", subject))
-            return False
+            return
+        if self.verbose:
+            self._out.append(cc.OK)
         broker = self.server.broker
         # a request nobody can serve gets a 503: no queue keeps its subject (as it was
-        # before this publish) and no subscription matches it
+        # before this publish) and no subscription takes it
         unserved = reply if reply and self.no_responders and not _kept(broker, subject) else None
+        if unserved:
+            broker.taps.reached = 0
         try:
             broker.publish(
                 subject,
@@ -393,10 +406,9 @@ class NATSClientSession(QueuedWriter):
             # a subject a queue keeps, and the store cannot write: nothing was queued; the
             # connection stays up (NATS publishes are at most once)
             self._error("Store Unavailable")
-            return True
-        if unserved and not broker.taps.interested(subject):
+            return
+        if unserved and not broker.taps.reached:  # (its own sub with echo off: not reached)
             self._answer_no_responders(unserved)
-        return True
 
     def _answer_no_responders(self, reply: str) -> None:
         """nats-server's answer to a request nobody can serve: a 503 status on the reply
@@ -413,9 +425,8 @@ class NATSClientSession(QueuedWriter):
         if self.perms is not None and not self.perms.can_subscribe(event.subject):
             self._error(violation("Subscription", event.subject, event.queue))
             return False
-        old = self.subs.get(event.sid)
-        if old is not None:
-            self.drop(old)
+        if event.sid in self.subs:
+            return True  # nats-server keeps the subscription it has under that sid
         sub = Subscription(self, event.subject, event.queue, event.sid)
         self.subs[event.sid] = sub
         self.server.broker.taps.add(event.subject, sub, event.queue)
@@ -431,6 +442,7 @@ class NATSClientSession(QueuedWriter):
             self.drop(sub)
 
     def drop(self, sub: Subscription) -> None:
+        sub.dropped = True
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
             self.server.broker.taps.remove(sub.subject, sub, sub.queue)
