@@ -2,7 +2,8 @@
 
 A tap is the model's at-most-once subscription (NATS core): a plain tap gets every
 matching message as it is published; a queue of taps (same subject pattern, same queue
-name) gets each message once. Nothing is queued, acknowledged or retried: a tap that
+name) gets each message once, and so do all matching queues of one name together (as
+nats-server groups queue subscriptions by name). Nothing is queued, acknowledged or retried: a tap that
 cannot take a message loses it, as a NATS subscriber does. Taps are matched by subject
 pattern, so one tap can cover many topics, including ones created later.
 
