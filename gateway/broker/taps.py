@@ -3,9 +3,10 @@
 A tap is the model's at-most-once subscription (NATS core): a plain tap gets every
 matching message as it is published; a queue of taps (same subject pattern, same queue
 name) gets each message once, and so do all matching queues of one name together (as
-nats-server groups queue subscriptions by name). Nothing is queued, acknowledged or retried: a tap that
-cannot take a message loses it, as a NATS subscriber does. Taps are matched by subject
-pattern, so one tap can cover many topics, including ones created later.
+nats-server groups queue subscriptions by name). Nothing is queued, acknowledged or
+retried: a tap that cannot take a message loses it, as a NATS subscriber does. Taps are
+matched by subject pattern, so one tap can cover many topics, including ones created
+later.
 
 Local and remote taps. A tap whose class sets `remote = True` stands for interest held
 somewhere else (a NATS cluster route: the subjects a real nats-server asked for). Three
