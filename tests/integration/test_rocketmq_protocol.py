@@ -34,6 +34,13 @@ def address(gw: Gateway) -> str:
     return f"{host}:{port}"
 
 
+async def start_offset(c: RawRemoting, group: str, topic: str, queue_id: int = 0) -> int:
+    """Where a group's consumer of one queue starts (QUERY_CONSUMER_OFFSET)."""
+    fields = {"consumerGroup": group, "topic": topic, "queueId": queue_id}
+    reply = await c.call(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+    return int(reply.ext_fields["offset"])
+
+
 async def test_route_names_the_bound_address_with_configured_queues() -> None:
     async with rocketmq_gateway(
         rocketmq_broker__read_queues=8, rocketmq_broker__write_queues=2
@@ -108,10 +115,7 @@ async def test_pull_states_offsets_and_commits() -> None:
     async with rocketmq_gateway(rocketmq_broker__read_queues=1) as gw:
         c = await RawRemoting.connect(gw)
         assert (await c.heartbeat("cid@1", "G", {"P": "TagA"})).code == ResponseCode.SUCCESS
-        query = await c.call(
-            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "G", "topic": "P", "queueId": 0}
-        )
-        start = int(query.ext_fields["offset"])
+        start = await start_offset(c, "G", "P")
         empty = await c.pull("P", "G", 0, start, subscription="TagA")
         for tag, body in (("TagA", b"a1"), ("TagB", b"b1"), ("TagA", b"a2")):
             assert (await c.produce("P", body, f"TAGS\x01{tag}\x02")).code == 0
@@ -418,11 +422,7 @@ async def test_a_producers_queue_choice_holds_while_its_group_consumes() -> None
     async with rocketmq_gateway() as gw:
         c = await RawRemoting.connect(gw)
         assert (await c.heartbeat("cid@1", "G", {"O": "*"})).code == ResponseCode.SUCCESS
-        offsets = {}
-        for q in range(4):
-            fields = {"consumerGroup": "G", "topic": "O", "queueId": q}
-            query = await c.call(RequestCode.QUERY_CONSUMER_OFFSET, fields)
-            offsets[q] = int(query.ext_fields["offset"])
+        offsets = {q: await start_offset(c, "G", "O", q) for q in range(4)}
         for i in range(4):
             sent = await c.produce("O", b"m%d" % i, queue_id=2)
             assert sent.ext_fields["queueId"] == "2"
@@ -442,10 +442,7 @@ async def test_values_a_java_broker_takes_are_answered_not_fatal() -> None:
     async with rocketmq_gateway(rocketmq_broker__read_queues=1) as gw:
         c = await RawRemoting.connect(gw)
         assert (await c.heartbeat("cid@1", "G", {"S": "*"})).code == ResponseCode.SUCCESS
-        query = await c.call(
-            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "G", "topic": "S", "queueId": 0}
-        )
-        start = int(query.ext_fields["offset"])
+        start = await start_offset(c, "G", "S")
         cut = "TAGS\x01A\x02note\x01cut \ud83d\x02RECONSUME_TIME\x01\u00b2\x02DELAY\x01\u00b2\x02"
         assert (await c.produce("S", b"odd", cut)).code == ResponseCode.SUCCESS
         assert (await c.produce("S", b"plain")).code == ResponseCode.SUCCESS
