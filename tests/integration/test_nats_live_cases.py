@@ -57,6 +57,10 @@ CASES: dict[str, Steps] = {
         ("c1", b"PUB nobody _INBOX.x.1 0\r\n\r\n"),
         ("c1", b"SUB svc 1\r\nPUB svc _INBOX.x.2 0\r\n\r\n"),
     ],
+    "an_hpub_of_no_header_bytes_is_a_plain_message": [
+        ("c1", connect(headers=True) + b"SUB foo 1\r\n"),
+        ("c2", connect(headers=True) + b"HPUB foo 0 2\r\nhi\r\n"),
+    ],
     "a_deep_wildcard_pattern": [
         ("c1", connect() + b"SUB " + b".".join([b"*"] * 1500) + b" 1\r\n"),
         ("c2", connect() + b"PUB " + b".".join([b"a"] * 1500) + b" 1\r\nx\r\n"),

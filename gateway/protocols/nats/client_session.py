@@ -396,7 +396,7 @@ class NATSClientSession(QueuedWriter):
                 subject,
                 [payload],
                 headers=parse_headers(block) if block else None,
-                header_block=block,
+                header_block=block or None,  # HPUB of 0 header bytes: a plain MSG, as nats-server
                 reply_to=reply,
                 origin=self._origin,
                 create=False,
