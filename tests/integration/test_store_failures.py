@@ -184,6 +184,25 @@ async def test_no_ok_leaves_after_a_failed_commit_of_overlapping_batches(tmp_pat
         # one write: the gateway may close before a later write of the client's
         await nsq.send(b"".join(mpub(b"failing", [b"x%d" % i] * 500) for i in range(10)))
         frame_type, data = await nsq.frame(timeout=10)
-        assert (frame_type, data.split(b" ")[0]) == (1, b"E_PUB_FAILED")
+        # nsqd names the command: E_MPUB_FAILED MPUB failed ...
+        assert (frame_type, data.split(b" ")[:2]) == (1, [b"E_MPUB_FAILED", b"MPUB"])
         assert await nsq.closed(timeout=10)
+        disk.full = False
+
+
+async def test_a_failed_publish_is_named_for_its_command_as_nsqd_names_it(tmp_path: Path) -> None:
+    """nsqd's error names the command that failed: E_PUB_FAILED, E_MPUB_FAILED,
+    E_DPUB_FAILED, each followed by the command and the reason, and the connection ends."""
+    async with sqlite_gateway(tmp_path) as gw:
+        _, disk = disk_of(gw)
+        disk.full = True
+        for command, expected in (
+            (mpub(b"t", [b"x"]), b"E_MPUB_FAILED MPUB failed "),
+            (b"DPUB t 1000\n" + be32(1) + b"x", b"E_DPUB_FAILED DPUB failed "),
+        ):
+            nsq = await RawNSQ.connect(gw)
+            await nsq.send(command)
+            frame_type, data = await nsq.frame(timeout=10)
+            assert frame_type == 1 and data.startswith(expected), data
+            assert await nsq.closed(timeout=10)
         disk.full = False

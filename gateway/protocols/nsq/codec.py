@@ -88,6 +88,10 @@ def message_header(body_size: int, timestamp: int, attempts: int, msg_id: int) -
 
 
 OK_FRAME: Final = response_frame(b"OK")
+# the same bytes as separate objects: the OK of an MPUB or a DPUB, told apart by identity
+# when a failed commit takes its OKs back (nsqd names the command in its error)
+MPUB_OK_FRAME: Final = response_frame(b"OK")
+DPUB_OK_FRAME: Final = response_frame(b"OK")
 HEARTBEAT_FRAME: Final = response_frame(b"_heartbeat_")
 CLOSE_WAIT_FRAME: Final = response_frame(b"CLOSE_WAIT")
 

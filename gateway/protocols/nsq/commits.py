@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.protocols.nsq.codec import OK_FRAME, error_frame
+from gateway.protocols.nsq.codec import DPUB_OK_FRAME, MPUB_OK_FRAME, OK_FRAME, error_frame
 from gateway.stores.base import StoreError
 
 if TYPE_CHECKING:
@@ -36,12 +36,25 @@ AHEAD = 4
 _LAST_WORDS = 5.0
 
 
-def withdraw_oks(out: list[bytes], start: int, exc: StoreError) -> bytes:
+_PUBLISHED_BY = {id(OK_FRAME): "PUB", id(MPUB_OK_FRAME): "MPUB", id(DPUB_OK_FRAME): "DPUB"}
+
+
+def withdraw_oks(out: list[bytes], start: int, exc: StoreError, command: str = "PUB") -> bytes:
     """A commit failed: every OK queued in `out` from `start` on is taken back (their
-    publishes may not be stored); returns nsqd's fatal E_PUB_FAILED, to send instead
-    (nsqd closes the connection after it)."""
-    out[start:] = [frame for frame in out[start:] if frame is not OK_FRAME]
-    return error_frame(f"E_PUB_FAILED PUB failed {exc}".encode())
+    publishes may not be stored); returns nsqd's fatal error to send instead (nsqd
+    closes the connection after it), named for the first publish taken back, else for
+    `command`: E_PUB_FAILED, E_MPUB_FAILED or E_DPUB_FAILED."""
+    first = None
+    kept = []
+    for frame in out[start:]:
+        kind = _PUBLISHED_BY.get(id(frame))
+        if kind is None:
+            kept.append(frame)
+        elif first is None:
+            first = kind
+    out[start:] = kept
+    command = first or command
+    return error_frame(f"E_{command}_FAILED {command} failed {exc}".encode())
 
 
 class _Ticket:
@@ -113,8 +126,9 @@ class Commits:
         """No OK of this ticket or a later one goes out; nsqd's E_PUB_FAILED does, and
         nothing after it (nsqd closes the connection too)."""
         s = self._session
-        s._out.append(withdraw_oks(s._out, s._gate or 0, exc))
-        s._metrics.protocol_error("nsq", b"E_PUB_FAILED")
+        frame = withdraw_oks(s._out, s._gate or 0, exc)
+        s._out.append(frame)
+        s._metrics.protocol_error("nsq", frame[8:].split(b" ", 1)[0])
         s._gate = len(s._out)  # whatever the reader appends from now on stays
         self._held.clear()
         self.failed = True

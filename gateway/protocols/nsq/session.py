@@ -26,7 +26,9 @@ from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.auth import AuthState
 from gateway.protocols.nsq.codec import (
     CLOSE_WAIT_FRAME,
+    DPUB_OK_FRAME,
     HEARTBEAT_FRAME,
+    MPUB_OK_FRAME,
     OK_FRAME,
     NSQServerCodec,
     State,
@@ -244,8 +246,8 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                     if self.consumer is not None:
                         self.consumer.set_ready(event.count)  # type: ignore[union-attr]
                 elif cls is ev.Mpub:
-                    self._publish(event.topic, event.bodies)  # type: ignore[union-attr]
-                    self._out.append(OK_FRAME)
+                    self._publish(event.topic, event.bodies, command="MPUB")  # type: ignore[union-attr]
+                    self._out.append(MPUB_OK_FRAME)
                     published = True
                 elif cls is ev.MpubStart:
                     if self._auth_on:  # no coroutine per publish when auth is off
@@ -259,8 +261,8 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 elif cls is ev.Dpub:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("DPUB", event.topic, "")  # type: ignore[union-attr]
-                    self._publish(event.topic, [event.body], event.defer_ms / 1000)  # type: ignore[union-attr]
-                    self._out.append(OK_FRAME)
+                    self._publish(event.topic, [event.body], event.defer_ms / 1000, "DPUB")  # type: ignore[union-attr]
+                    self._out.append(DPUB_OK_FRAME)
                     published = True
                 elif cls is ev.Sub:
                     await self._sub(event)  # type: ignore[arg-type]
@@ -335,7 +337,9 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
             raise _Close() from None  # nsqd drops the connection silently
         return True
 
-    def _publish(self, topic: str, bodies: list[bytes], delay: float = 0.0) -> None:
+    def _publish(
+        self, topic: str, bodies: list[bytes], delay: float = 0.0, command: str = "PUB"
+    ) -> None:
         try:
             self.server.broker.publish(
                 topic,
@@ -345,13 +349,14 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 ephemeral=is_ephemeral(topic),
             )
         except StoreError as exc:
-            self._pub_failed(len(self._out), exc)
+            self._pub_failed(len(self._out), exc, command)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
-    def _pub_failed(self, start: int, exc: StoreError) -> None:
+    def _pub_failed(self, start: int, exc: StoreError, command: str = "PUB") -> None:
         """The store cannot write: no OK of this batch goes out, and the client gets
-        nsqd's fatal E_PUB_FAILED (nsqd closes the connection after it too)."""
-        raise _Close(withdraw_oks(self._out, start, exc))
+        nsqd's fatal E_PUB_FAILED (E_MPUB_FAILED, E_DPUB_FAILED; nsqd closes the
+        connection after it too)."""
+        raise _Close(withdraw_oks(self._out, start, exc, command))
 
     # -- output (tcp.QueuedWriter) ---------------------------------------------------
 
