@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.tcp_server import TCPServer
 
 from gateway.http import admin, auth, lookupd, nsqd, probes, prometheus
 from gateway.http.router import Router
@@ -22,6 +23,28 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 _BACKLOG = 128
+log = logging.getLogger("gateway.http")
+
+
+# hypercorn's Trio worker runs each connection in the listeners' nursery and lets any
+# error of its protocol code out of it (it catches OSError only), and that ends the
+# process: every listener of the gateway, not only HTTP. hypercorn 0.18 raises on valid
+# input (DATA frames of an HTTP/2 stream it has answered and forgotten, RFC 9113 8.1)
+# and on bad input (an h2c upgrade whose HTTP2-Settings is no base64). It has no hook to
+# contain that, so its connection task is wrapped: an error ends that connection alone.
+_hypercorn_connection = TCPServer.run
+
+
+async def _one_connection(self: TCPServer) -> None:
+    try:
+        await _hypercorn_connection(self)
+    except Exception as exc:  # an ExceptionGroup too; never Cancelled (a BaseException)
+        log.warning("http: a connection ended on an error in the HTTP server: %r", exc)
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(self.stream)
+
+
+TCPServer.run = _one_connection  # type: ignore[method-assign]
 
 
 def build_router(gateway: Gateway) -> Router:
