@@ -269,6 +269,8 @@ class NSQDAPI:
         topic = arg("topic")
         topics = stats.topic_stats(self.broker, topic, arg("channel"), include_clients)
         producers = stats.producers(self.gateway.nsq.sessions, topic) if include_clients else None
+        if topics is None:
+            producers = None  # nsqd's GetStats returns early for a topic it does not have
         memory = stats.memory_stats() if include_mem else None
         if arg("format") != "json":
             started = self.broker.started_at
@@ -296,7 +298,6 @@ class NSQDAPI:
             "broadcast_address": broadcast_address(gw),
             "nsqlookupd_tcp_addresses": [],  # the gateway is its own nsqlookupd
             "auth_http_addresses": list(n.auth_http_addresses),
-            "auth_http_request_method": n.auth_http_request_method,
             "msg_timeout": n.msg_timeout * _MS,
             "max_msg_timeout": n.max_msg_timeout * _MS,
             "max_msg_size": n.max_msg_size,
@@ -330,7 +331,9 @@ class NSQDAPI:
         options = self._options()
         if option not in options:
             raise HTTPError(400, "INVALID_OPTION")
-        return v1_json(options[option])
+        value = options[option]
+        # nsqd's RespondV1 writes a string as it is (text/plain), anything else as JSON
+        return v1(value) if isinstance(value, str) else v1_json(value)
 
 
 def _text_bodies(data: bytes, max_msg_size: int, read_max: int) -> list[bytes]:

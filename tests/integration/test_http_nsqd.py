@@ -597,7 +597,8 @@ async def test_stats_filters_and_options() -> None:
         assert only["producers"][0]["pub_counts"] == [{"topic": "st", "count": 2}]
         other = await stats("topic=other")
         assert other["producers"][0]["pub_counts"] == [{"topic": "other", "count": 1}]
-        assert (await stats("topic=nope"))["topics"] is None
+        unknown = await stats("topic=nope")
+        assert unknown["topics"] is None and unknown["producers"] is None  # nsqd returns early
         assert (await stats("channel=nope"))["topics"] == []
         assert [t["topic_name"] for t in (await stats("channel=ch"))["topics"]] == ["st"]
         assert (await stats("topic=st&channel=nope"))["topics"] == []
@@ -676,7 +677,12 @@ async def test_config_reads_options_and_sets_the_log_level() -> None:
         assert (await client.get("/config/msg_timeout")).json() == 60_000_000_000
         assert (await client.get("/config/snappy")).json() is True
         assert (await client.get("/config/nsqlookupd_tcp_addresses")).json() == []
+        # a string option as text, as nsqd's RespondV1 writes a string
+        reply = await client.get("/config/tcp_address")
+        assert (reply.text, reply.headers["content-type"]) == ("127.0.0.1:0", TEXT)
         assert_error(await client.get("/config/nope"), 400, "INVALID_OPTION")
+        # an option nsqd 1.3.0 does not have
+        assert_error(await client.get("/config/auth_http_request_method"), 400, "INVALID_OPTION")
         assert_error(await client.put("/config/log_level", content=b""), 413, "INVALID_VALUE")
         assert_error(await client.put("/config/log_level", content=b"loud"), 400, "INVALID_VALUE")
         reply = await client.put("/config/max_msg_size", content=b"5")
