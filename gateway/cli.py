@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import trio
 from pydantic import ValidationError
@@ -101,25 +101,34 @@ async def _serve(gateway: Gateway) -> None:
             log.info("signal %s during start-up: not starting", signal.Signals(_early_stop[0]).name)
             return
         async with trio.open_nursery() as nursery:
+            # heard from the start: a stop while the store opens (a Redis that does not
+            # answer is waited for without end) or a long recovery runs stops that too
+            nursery.start_soon(_on_signals, gateway, signals, nursery.cancel_scope)
             await nursery.start(gateway.serve)
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    # a renewed certificate: new connections get it, open ones keep theirs.
-                    # On the event loop, not a thread: an SSLContext must not change
-                    # while a handshake reads it, and two small files are read at once.
-                    if gateway.certificates is not None or gateway.listener_certificates:
-                        gateway.reload_certificates()
-                    else:
-                        log.info("signal SIGHUP: no TLS certificate to reload")
-                    continue
-                if signum == signal.SIGUSR1:
-                    # beanstalkd's drain mode: every later put answers DRAINING
-                    gateway.beanstalk.draining = True
-                    log.info("signal SIGUSR1: beanstalkd drain mode on")
-                    continue
-                log.info("signal %s: shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+
+
+async def _on_signals(
+    gateway: Gateway, signals: AsyncIterator[int], scope: trio.CancelScope
+) -> None:
+    log = logging.getLogger("gateway")
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            # a renewed certificate: new connections get it, open ones keep theirs. On
+            # the event loop, not a thread: an SSLContext must not change while a
+            # handshake reads it, and two small files are read at once.
+            if gateway.certificates is not None or gateway.listener_certificates:
+                gateway.reload_certificates()
+            else:
+                log.info("signal SIGHUP: no TLS certificate to reload")
+            continue
+        if signum == signal.SIGUSR1:
+            # beanstalkd's drain mode: every later put answers DRAINING
+            gateway.beanstalk.draining = True
+            log.info("signal SIGUSR1: beanstalkd drain mode on")
+            continue
+        log.info("signal %s: shutting down", signal.Signals(signum).name)
+        scope.cancel()
+        return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,7 +190,13 @@ def _tune_gc() -> None:
     older-generation pass walks the whole backlog. The messages form no cycles, so
     collecting less often loses nothing; GATEWAY_GC_THRESHOLD overrides the first value.
     """
-    first = int(os.environ.get("GATEWAY_GC_THRESHOLD", "50000"))
+    raw = os.environ.get("GATEWAY_GC_THRESHOLD", "50000")
+    # 0 would turn automatic collection off altogether: not what a threshold means
+    first = int(raw) if raw.isascii() and raw.isdigit() and int(raw) > 0 else 50000
+    if str(first) != raw:
+        logging.getLogger("gateway").warning(
+            "GATEWAY_GC_THRESHOLD %r is no positive number: 50000 is used", raw
+        )
     gc.set_threshold(first, 50, 100)
     gc.freeze()  # what startup allocated is never garbage: keep it out of every pass
 

@@ -16,6 +16,8 @@ Every wait is on an event or a reply, bounded by a timeout.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -289,6 +291,34 @@ async def test_redis_unreachable_at_start_is_one_line_and_exit_1(tmp_path: Path)
     err = done.stderr.decode()
     assert f"error: Redis at 127.0.0.1:{port}: cannot connect" in err, err
     assert "Traceback" not in err, err
+
+
+async def test_sigterm_while_waiting_for_redis_at_start_stops_at_once(tmp_path: Path) -> None:
+    """Without --store-wait the gateway waits for Redis without end; a SIGTERM meanwhile
+    (an orchestrator giving up on the pod) must stop it, exit 0, not wait for the kill."""
+    from tests.redis_server import free_port
+
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--store",
+        f"redis://127.0.0.1:{free_port()}/0",
+        "--data-dir",
+        str(tmp_path),
+    ]
+    for listener in ("nsq", "http", "beanstalk", "nats", "nats-route", "rocketmq"):
+        argv += [f"--{listener}", "off"]
+    proc = await trio.lowlevel.open_process(argv, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stderr is not None
+    log = b""
+    with trio.fail_after(20):
+        while b"cannot connect" not in log:  # waiting for Redis now
+            log += await proc.stderr.receive_some(4096)
+        proc.send_signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    proc.stderr.close()
 
 
 async def test_redis_killed_and_restarted_loses_nothing_acknowledged(tmp_path: Path) -> None:
