@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway import config
 from tests.deploy.support import DEPLOY, ROOT, dockerfile_stages, env_pairs, run_tool
 
 KUBERNETES = DEPLOY / "kubernetes"
@@ -121,18 +122,30 @@ def test_sidecar_starts_before_and_stops_after_the_application() -> None:
     assert [c["name"] for c in spec["containers"]] == ["app"]
 
 
-def test_sidecar_keeps_the_application_protocols_on_loopback() -> None:
-    # The image binds every listener to 0.0.0.0 and the environment beats the config file:
-    # the pod must set each protocol listener itself, or it would be open to the network.
-    gateway = _gateway_container(_load("sidecar/deployment.yaml"))
-    env = {e["name"]: e["value"] for e in gateway["env"]}
+LISTENERS = ("nsq", "http", "beanstalk", "nats", "nats_route", "rocketmq")
+
+
+@pytest.mark.parametrize("shape", ["sidecar", "bridge"])
+def test_the_pod_runs_only_the_listeners_its_config_asks_for(shape: str, tmp_path: Path) -> None:
+    """The image binds every listener to 0.0.0.0 and the environment beats the config
+    file: a listener the ConfigMap turns off stays on unless the pod turns it off too
+    (the sidecar's RocketMQ listener was open to the network in every pod). The
+    settings as the pod gets them: the image's environment, the pod's, the ConfigMap."""
+    gateway = _gateway_container(_load(f"{shape}/deployment.yaml"))
     _, final = dockerfile_stages()
-    image_env = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
-    for name, value in image_env.items():
-        if name in ("GATEWAY_HTTP", "GATEWAY_ROCKETMQ") or not value.startswith("0.0.0.0:"):
-            continue
-        assert name in env, f"{name} would stay {value}"
-        assert env[name] == "off" or env[name].startswith("127.0.0.1:"), (name, env[name])
+    environ = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
+    environ |= {e["name"]: e["value"] for e in gateway.get("env", [])}
+    path = tmp_path / "gateway.toml"
+    path.write_text(_load(f"{shape}/configmap.yaml")["data"]["gateway.toml"])
+    asked, running = config.load(path, environ={}), config.load(path, environ=environ)
+    for name in LISTENERS:
+        if getattr(asked, name) == "off":
+            value = getattr(running, name)
+            assert value == "off", f"{shape}: {name} runs on {value}"
+    if shape == "sidecar":  # only the HTTP port leaves the pod
+        for name in LISTENERS:
+            value = getattr(running, name)
+            assert name == "http" or value == "off" or value.startswith("127.0.0.1:"), (name, value)
 
 
 def test_bridge_service_reaches_the_bridge_ports_and_drains_first() -> None:
