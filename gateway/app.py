@@ -251,7 +251,10 @@ class Gateway:
         checks the other's against the CA (tls_ca; the system store when unset)."""
         s = self.settings
         ca = s.nats_routing.tls_ca
-        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        try:
+            client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise OSError(f"nats_routing.tls_ca {ca}: not a usable CA file: {exc}") from None
         server = None
         if s.tls_cert and s.tls_key:
             client.load_cert_chain(s.tls_cert, s.tls_key)

@@ -161,6 +161,13 @@ class NATSRoutingSettings(_Section):
     max_control_line: int = Field(65536, ge=4096)  # 2.14+: 16 x max_control_line
     max_payload: int = Field(64 * 1024 * 1024, ge=1024)  # a safety bound; not a NATS limit
 
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)  # host:port, checked here: check-config must see it too
+        return value
+
     @field_validator("imports")
     @classmethod
     def _patterns(cls, value: list[str]) -> list[str]:
@@ -362,9 +369,14 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         name = key[len("GATEWAY_") :].lower()
         section, sep, field = name.partition("__")
         if sep:
+            top = _SPLIT_TABLES[section][1].get(field) if section in _SPLIT_TABLES else None
+            if top is not None:  # GATEWAY_HTTP__ADDRESS, GATEWAY_TLS__CERT: as in a file
+                out[top] = _env_value(Settings, top, raw)
+                continue
             model = _SECTIONS.get(section)
             if model is None or field not in model.model_fields:
-                continue
+                # a typo would be an error in a file: here too, not silently ignored
+                raise ValueError(f"{key}: no such setting ([{section}] {field})")
             key = _SPLIT_TABLES[section][0] if section in _SPLIT_TABLES else section
             out.setdefault(key, {})[field] = _env_value(model, field, raw)
         elif name in Settings.model_fields and not _is_section(name):

@@ -13,8 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trustme
 
+from gateway import config
 from tests.helpers import be32
+from tests.integration.test_tls import issue
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -326,3 +329,54 @@ def test_a_wrong_flag_after_serve_prints_serves_usage() -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("usage: gateway serve ")
     assert "unrecognized arguments: --bogus" in result.stderr
+
+
+def test_settings_check_config_passed_do_not_fail_serve_with_a_traceback(tmp_path: Path) -> None:
+    """Found by a review: nats_routing.advertise was checked only when serve built the
+    gateway (a traceback), and a bad nats_routing.tls_ca gave an error naming neither."""
+    bad_advertise = tmp_path / "advertise.toml"
+    bad_advertise.write_text('[nats_routing]\nadvertise = "not-an-address"\n')
+    result = subprocess.run(
+        gateway_cmd("check-config", str(bad_advertise)), cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "nats_routing.advertise" in result.stdout, result.stdout
+    cert, key = issue(trustme.CA(), tmp_path, "route")  # a pair for the route's TLS
+    missing_ca = tmp_path / "nope-ca.pem"
+    routes = tmp_path / "routes.toml"
+    routes.write_text(f'[nats_routing]\ntls = true\ntls_ca = "{missing_ca}"\n')
+    off = [a for name in ("http", "beanstalk", "nats", "rocketmq") for a in (f"--{name}", "off")]
+    result = subprocess.run(
+        gateway_cmd(
+            *("serve", "--config", str(routes), "--store", "memory://", "--nsq", "127.0.0.1:0"),
+            *("--nats-route", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)),
+            *off,
+        ),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"error: nats_routing.tls_ca {missing_ca}: not a usable CA file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_environment_names_read_as_the_files_keys_and_typos_are_errors() -> None:
+    """GATEWAY_HTTP__ADDRESS and GATEWAY_TLS__CERT/KEY are [http] address and [tls]
+    cert/key, as the README's __ rule says; they were dropped without a word, and so was
+    a misspelt GATEWAY_<SECTION>__<KEY> (an error in a file)."""
+    settings = config.load(None, environ={"GATEWAY_HTTP__ADDRESS": "127.0.0.1:0"})
+    assert settings.http == "127.0.0.1:0"
+    tls = {"GATEWAY_TLS__CERT": "c.pem", "GATEWAY_TLS__KEY": "k.pem"}
+    settings = config.load(None, environ=tls)
+    assert (settings.tls_cert, settings.tls_key) == ("c.pem", "k.pem")
+    result = subprocess.run(
+        gateway_cmd("serve", "--store", "memory://"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "GATEWAY_NSQD__MAX_MSG_SIZ": "5"},
+    )
+    assert result.returncode == 2
+    assert "config error: GATEWAY_NSQD__MAX_MSG_SIZ: no such setting" in result.stderr
