@@ -488,13 +488,13 @@ class Gateway:
     def _guarded(self, protocol: str) -> bool:
         """Whether a listener has TLS or authentication configured (docs/security)."""
         s = self.settings
-        if protocol == "nsq":
-            return bool(s.tls_cert or s.nsqd.auth_http_addresses)
+        if protocol == "nsq":  # TLS: the listener's own context, not any certificate
+            return self.ssl_context is not None or bool(s.nsqd.auth_http_addresses)
         if protocol == "http":
-            return s.http_settings.auth_token is not None
+            return self.http_ssl_context is not None or s.http_settings.auth_token is not None
         if protocol == "nats":
             n = s.nats_server
-            return bool(n.token or n.user or n.users)
+            return self.nats_ssl_context is not None or bool(n.token or n.user or n.users)
         if protocol == "nats-route":
             return bool(s.nats_routing.user or (s.nats_routing.tls and s.tls_cert))
         return protocol == "beanstalk-tls"  # the plain beanstalkd listener has neither

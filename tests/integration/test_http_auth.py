@@ -218,3 +218,37 @@ async def test_admin_page_asks_for_the_token(reads_protected: bool) -> None:
             assert (http_base(gw) + "/admin/api/empty", 401) in statuses
             assert (http_base(gw) + "/admin/api/empty", 200) in statuses
             assert depth(gw) == 0
+
+
+@pytest.mark.parametrize(
+    ("tls_listeners", "protocol", "warned"),
+    [
+        (None, "nats", False),  # TLS on every listener that can carry it
+        (None, "http", False),
+        (["http"], "nsq", True),  # a certificate, but not offered on NSQ
+        (["http"], "nats", True),
+    ],
+)
+def test_the_warning_counts_a_listeners_own_tls_only(
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    tls_listeners: list[str] | None,
+    protocol: str,
+    warned: bool,
+) -> None:
+    """Found by a review: NATS and HTTPS serving TLS were warned about, NSQ was not when
+    the certificate was not offered on it."""
+    import trustme
+
+    from tests.helpers import settings
+    from tests.integration.test_tls import issue
+
+    cert, key = issue(trustme.CA(), tmp_path, "server")
+    overrides: dict[str, object] = {"tls_cert": cert, "tls_key": key}
+    if tls_listeners is not None:
+        overrides["tls_settings__listeners"] = tls_listeners
+    gw = Gateway(settings(**overrides))
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        gw._announce(protocol, [("192.0.2.10", 4000)])
+    lines = [r.getMessage() for r in caplog.records if "reachable from other hosts" in r.message]
+    assert bool(lines) is warned, lines
