@@ -26,6 +26,13 @@ def gateway_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", *args]
 
 
+def run_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`gateway ARGS...` to its end (a command that fails at start), text output kept."""
+    return subprocess.run(
+        gateway_cmd(*args), cwd=REPO, capture_output=True, text=True, timeout=20, env=env
+    )
+
+
 async def _start(
     *args: str, env: dict[str, str] | None = None, marker: bytes = b"listening protocol="
 ) -> tuple[trio.Process, str]:
@@ -308,15 +315,9 @@ def test_an_unsupported_store_url_is_one_config_error_naming_the_setting(tmp_pat
 
 
 def test_a_missing_tls_file_is_named(tmp_path: Path) -> None:
-    result = subprocess.run(
-        gateway_cmd(
-            *("serve", "--store", "memory://", "--nsq", "127.0.0.1:0"),
-            *("--tls-cert", str(tmp_path / "no.pem"), "--tls-key", str(tmp_path / "no.key")),
-        ),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=20,
+    result = run_gateway(
+        *("serve", "--store", "memory://", "--nsq", "127.0.0.1:0"),
+        *("--tls-cert", str(tmp_path / "no.pem"), "--tls-key", str(tmp_path / "no.key")),
     )
     assert result.returncode == 1
     assert f"error: tls_cert {tmp_path / 'no.pem'}: No such file or directory" in result.stderr
@@ -345,16 +346,10 @@ def test_settings_check_config_passed_do_not_fail_serve_with_a_traceback(tmp_pat
     routes = tmp_path / "routes.toml"
     routes.write_text(f'[nats_routing]\ntls = true\ntls_ca = "{missing_ca}"\n')
     off = [a for name in ("http", "beanstalk", "nats", "rocketmq") for a in (f"--{name}", "off")]
-    result = subprocess.run(
-        gateway_cmd(
-            *("serve", "--config", str(routes), "--store", "memory://", "--nsq", "127.0.0.1:0"),
-            *("--nats-route", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)),
-            *off,
-        ),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=20,
+    result = run_gateway(
+        *("serve", "--config", str(routes), "--store", "memory://", "--nsq", "127.0.0.1:0"),
+        *("--nats-route", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)),
+        *off,
     )
     assert result.returncode == 1, result.stderr
     assert f"error: nats_routing.tls_ca {missing_ca}: not a usable CA file" in result.stderr
@@ -370,13 +365,7 @@ def test_environment_names_read_as_the_files_keys_and_typos_are_errors() -> None
     tls = {"GATEWAY_TLS__CERT": "c.pem", "GATEWAY_TLS__KEY": "k.pem"}
     settings = config.load(None, environ=tls)
     assert (settings.tls_cert, settings.tls_key) == ("c.pem", "k.pem")
-    result = subprocess.run(
-        gateway_cmd("serve", "--store", "memory://"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=20,
-        env={**os.environ, "GATEWAY_NSQD__MAX_MSG_SIZ": "5"},
-    )
+    env = {**os.environ, "GATEWAY_NSQD__MAX_MSG_SIZ": "5"}
+    result = run_gateway("serve", "--store", "memory://", env=env)
     assert result.returncode == 2
     assert "config error: GATEWAY_NSQD__MAX_MSG_SIZ: no such setting" in result.stderr
