@@ -211,7 +211,8 @@ def _check_config(path: str) -> int:
         print(f"{path}: {len(errors)} error(s)")
         return 1
     except (OSError, ValueError) as exc:
-        print(f"{path}: {exc}")
+        text = str(exc)  # a TOML error names the file already
+        print(text if text.startswith(f"{path}:") else f"{path}: {text}")
         return 1
     print(f"{path}: ok")
     return 0

@@ -240,7 +240,12 @@ class Archive:
     # -- life cycle ------------------------------------------------------------
 
     def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise OSError(f"archive.dir {self.directory}: not a directory") from None
+        except OSError as exc:
+            raise OSError(f"archive.dir {self.directory}: {exc.strerror or exc}") from None
         self._thread = threading.Thread(target=self._run, name="archive-writer", daemon=True)
         self._thread.start()
 

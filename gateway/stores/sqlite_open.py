@@ -33,6 +33,8 @@ def lock_data_dir(path: Path) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except FileExistsError:  # mkdir met a file where the directory should be
+        raise StoreError(f"data dir {path.parent}: not a directory") from None
     except OSError as exc:
         raise StoreError(f"data dir {path.parent}: {exc.strerror or exc}") from exc
     try:

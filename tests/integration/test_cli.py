@@ -369,3 +369,27 @@ def test_environment_names_read_as_the_files_keys_and_typos_are_errors() -> None
     result = run_gateway("serve", "--store", "memory://", env=env)
     assert result.returncode == 2
     assert "config error: GATEWAY_NSQD__MAX_MSG_SIZ: no such setting" in result.stderr
+
+
+def test_a_file_where_a_directory_belongs_is_named_as_such(tmp_path: Path) -> None:
+    """A data dir or an archive.dir that is a file: 'not a directory', naming the
+    setting, where it said 'File exists' (and nothing about which setting); and a TOML
+    error names its file once."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    listeners = ("http", "beanstalk", "nats", "nats-route", "rocketmq")
+    off = [a for name in listeners for a in (f"--{name}", "off")]
+    result = run_gateway("serve", "--data-dir", str(afile), "--nsq", "127.0.0.1:0", *off)
+    assert result.returncode == 1
+    assert f"error: data dir {afile}: not a directory" in result.stderr, result.stderr
+    archive = tmp_path / "archive.toml"
+    archive.write_text(f'[archive]\nenabled = true\ndir = "{afile}"\n')
+    result = run_gateway(
+        "serve", "--config", str(archive), "--store", "memory://", "--nsq", "127.0.0.1:0", *off
+    )
+    assert result.returncode == 1
+    assert f"error: archive.dir {afile}: not a directory" in result.stderr, result.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("nsq = [\n")
+    result = run_gateway("check-config", str(bad))
+    assert result.stdout.count(str(bad)) == 1, result.stdout
