@@ -313,12 +313,17 @@ async def test_sigterm_while_waiting_for_redis_at_start_stops_at_once(tmp_path: 
     proc = await trio.lowlevel.open_process(argv, stderr=subprocess.PIPE, cwd=REPO)
     assert proc.stderr is not None
     log = b""
-    with trio.fail_after(20):
-        while b"cannot connect" not in log:  # waiting for Redis now
-            log += await proc.stderr.receive_some(4096)
-        proc.send_signal(signal.SIGTERM)
-        assert await proc.wait() == 0
-    proc.stderr.close()
+    try:
+        with trio.fail_after(20):
+            while b"cannot connect" not in log:  # waiting for Redis now
+                log += await proc.stderr.receive_some(4096)
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+    finally:
+        if proc.poll() is None:  # it did not stop: no stray gateway after the test
+            proc.kill()
+            await proc.wait()
+        await proc.stderr.aclose()
 
 
 async def test_redis_killed_and_restarted_loses_nothing_acknowledged(tmp_path: Path) -> None:
