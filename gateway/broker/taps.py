@@ -167,32 +167,38 @@ class Taps:
         if routed is not None:
             targets = [t for t in targets if not getattr(t, "remote", False)]
         deferred = self.deferred
+        if not self._queues:  # no queue group anywhere: every target is a plain tap
+            declined = 0
+            for message in messages:
+                for target in targets:
+                    if target.tap(message, publisher) is False:  # type: ignore[attr-defined]
+                        declined += 1
+                if deferred:
+                    for waiting in deferred:
+                        waiting.tapped(message)
+                    deferred.clear()
+            self.reached += len(targets) * len(messages) - declined
+            return len(targets)
         # nats-server puts every matching queue subscription of one queue name in one
-        # group, whatever its subject: `job.> q` and `job.* q` share each message. With
-        # no queue group anywhere (the common case) every target is a plain tap.
-        plain: list[Tap] = targets  # type: ignore[assignment]
+        # group, whatever its subject: `job.> q` and `job.* q` share each message
+        plain: list[Tap] = []
         named: dict[str, list[_Queue]] = {}
-        if self._queues:
-            plain = []
-            for target in targets:
-                if target.__class__ is _Queue:
-                    named.setdefault(target.name, []).append(target)  # type: ignore[attr-defined]
-                else:
-                    plain.append(target)  # type: ignore[arg-type]
-        reached = 0
+        for target in targets:
+            if target.__class__ is _Queue:
+                named.setdefault(target.name, []).append(target)  # type: ignore[attr-defined]
+            else:
+                plain.append(target)  # type: ignore[arg-type]
         for message in messages:
             for tap in plain:
                 if tap.tap(message, publisher) is not False:
-                    reached += 1
-            if named:
-                for queues in named.values():
-                    if self._one_of(queues, message, publisher, routed):
-                        reached += 1
+                    self.reached += 1
+            for queues in named.values():
+                if self._one_of(queues, message, publisher, routed):
+                    self.reached += 1
             if deferred:
                 for waiting in deferred:
                     waiting.tapped(message)
                 deferred.clear()
-        self.reached += reached
         return len(targets)
 
     def _one_of(
