@@ -80,7 +80,7 @@ class Gateway:
     certificates: Certificates | None = field(default=None, init=False)
     listener_certificates: list[Certificates] = field(default_factory=list, init=False)
     nats_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
-    http_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
+    https_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     beanstalk_ssl_context: ssl.SSLContext | None = field(default=None, init=False)
     addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     # life cycle, for the readiness probes: set once every listener is bound, and when
@@ -110,7 +110,7 @@ class Gateway:
         if self.ssl_context is None:
             self.ssl_context = self._listener_tls("nsq", verifies=False)
         self.nats_ssl_context = self._listener_tls("nats")
-        self.http_ssl_context = self._listener_tls("http")
+        self.https_ssl_context = self._listener_tls("https")
         if s.beanstalk_tls != "off":
             self.beanstalk_ssl_context = self._listener_tls("beanstalk")
         self.archive = self._archive()
@@ -347,11 +347,12 @@ class Gateway:
                         if protocol == "rocketmq":
                             self.rocketmq.advertised = self._rocketmq_advertised()
                 # after the others: /info and /lookup report their ports
-                address = self.settings.address("http")
-                if address is not None:
-                    self._announce(
-                        "http", await self._bind(nursery, "http", address, serve_http, self)
-                    )
+                for protocol, context in (("http", None), ("https", self.https_ssl_context)):
+                    address = self.settings.address(protocol)
+                    if address is None or (protocol == "https" and context is None):
+                        continue  # nsqd too serves HTTPS only with a certificate
+                    bound = await self._bind(nursery, protocol, address, serve_http, self, context)
+                    self._announce(protocol, bound)
                 if clustered:
                     self.cluster.listen_address = self.addresses.get("nats-route")
                     await nursery.start(self.cluster.run)
@@ -491,7 +492,9 @@ class Gateway:
         if protocol == "nsq":  # TLS: the listener's own context, not any certificate
             return self.ssl_context is not None or bool(s.nsqd.auth_http_addresses)
         if protocol == "http":
-            return self.http_ssl_context is not None or s.http_settings.auth_token is not None
+            return s.http_settings.auth_token is not None
+        if protocol == "https":
+            return True
         if protocol == "nats":
             n = s.nats_server
             return self.nats_ssl_context is not None or bool(n.token or n.user or n.users)

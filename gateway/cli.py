@@ -18,7 +18,16 @@ from gateway.app import Gateway
 from gateway.pipeline import cli as pipeline_cli
 from gateway.stores import StoreError
 
-_LISTENER_FLAGS = ("nsq", "http", "beanstalk", "beanstalk-tls", "nats", "nats-route", "rocketmq")
+_LISTENER_FLAGS = (
+    "nsq",
+    "http",
+    "https",
+    "beanstalk",
+    "beanstalk-tls",
+    "nats",
+    "nats-route",
+    "rocketmq",
+)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -243,7 +243,12 @@ class Settings(_Section):
     store_wait: float | None = Field(None, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nsq: str = "127.0.0.1:4150"
+    # plain HTTP whatever certificate is configured, as nsqd's --http-address
     http: str = "127.0.0.1:4151"
+    # HTTPS on a port of its own, as nsqd's --https-address: served only when a
+    # certificate applies to it (tls_cert/tls_key with "https" in tls.listeners, or
+    # [tls.https]); nsqd likewise serves its HTTPS port only with --tls-cert
+    https: str = "127.0.0.1:4152"
     beanstalk: str = "127.0.0.1:11300"
     # beanstalkd over TLS on a port of its own (the protocol has no upgrade): off unless set
     beanstalk_tls: str = OFF
@@ -284,7 +289,9 @@ class Settings(_Section):
             check_store_url(value)
         return value
 
-    @field_validator("nsq", "http", "beanstalk", "beanstalk_tls", "nats", "nats_route", "rocketmq")
+    @field_validator(
+        "nsq", "http", "https", "beanstalk", "beanstalk_tls", "nats", "nats_route", "rocketmq"
+    )
     @classmethod
     def _address(cls, value: str) -> str:
         if value != OFF:

@@ -77,20 +77,36 @@ class TLSSettings(_Section):
     client_ca: str | None = None
     verify: bool = False
     # the listeners that use the certificate (NSQ: offered through IDENTIFY; NATS:
-    # required, as nats-server with a tls block; HTTP: HTTPS, HTTP/2 by ALPN)
-    listeners: list[Literal["nsq", "nats", "http"]] = Field(
-        default_factory=lambda: ["nsq", "nats", "http"]
+    # required, as nats-server with a tls block; HTTPS: its own port, HTTP/2 by ALPN).
+    # The plain HTTP listener never uses it, as nsqd's --http-address.
+    listeners: list[Literal["nsq", "nats", "https"]] = Field(
+        default_factory=lambda: ["nsq", "nats", "https"]
     )
 
-    # per-listener overrides: [tls.nsq], [tls.nats], [tls.http], [tls.beanstalk]
+    # per-listener overrides: [tls.nsq], [tls.nats], [tls.https], [tls.beanstalk]
     nsq: ListenerTLS | None = None
     nats: ListenerTLS | None = None
-    http: ListenerTLS | None = None
+    https: ListenerTLS | None = None
     beanstalk: ListenerTLS | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _http_was_https(cls, data: Any) -> Any:
+        """`http` in `listeners` and `[tls.http]` are read as `https`: before the HTTPS
+        listener had a port of its own, they named TLS on the HTTP port."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "http" in data:
+            data.setdefault("https", data.pop("http"))
+        listeners = data.get("listeners")
+        if isinstance(listeners, list):
+            data["listeners"] = ["https" if name == "http" else name for name in listeners]
+        return data
 
     @model_validator(mode="after")
     def _verify_needs_ca(self) -> TLSSettings:
-        for name in ("", "nsq", "nats", "http", "beanstalk"):
+        for name in ("", "nsq", "nats", "https", "beanstalk"):
             o = getattr(self, name) if name else None
             verify = self.verify if o is None or o.verify is None else o.verify
             ca = (o.client_ca if o is not None else None) or self.client_ca
@@ -134,8 +150,12 @@ class LimitsSettings(_Section):
 
     # connections one TCP listener (NSQ, beanstalkd, NATS) takes; past it the new one is
     # refused in its protocol's words (NATS: nats-server's 'maximum connections exceeded')
-    max_connections: int = Field(10_000, ge=1)
-    max_connections_per_ip: int = Field(1_000, ge=1)  # from one client address, per listener
+    # nats-server's default (64K); nsqd and beanstalkd have none
+    max_connections: int = Field(65_536, ge=1)
+    # from one client address, per listener; 0: no limit (the default, as in nsqd,
+    # beanstalkd and nats-server: a sidecar sees every client from 127.0.0.1, and a
+    # fleet behind NAT comes from one address)
+    max_connections_per_ip: int = Field(0, ge=0)
     # bytes queued for one NATS client before it is cut off as a slow consumer (the
     # smaller of this and nats_server.max_pending)
     max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)

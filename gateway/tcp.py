@@ -33,9 +33,10 @@ _REFUSAL_SECONDS = 0.25  # what a refused connection may cost: its answer and cl
 
 @dataclass
 class ConnectionLimits:
-    """How many connections one listener takes, in all and from one address. Past
-    either, `refuse` answers the new connection in its protocol's words (bounded to a
-    quarter of a second) and it is closed; `refused(reason)` counts it."""
+    """How many connections one listener takes, in all and from one address (0: no
+    limit per address). Past either, `refuse` answers the new connection in its
+    protocol's words (bounded to a quarter of a second) and it is closed;
+    `refused(reason)` counts it."""
 
     max_connections: int
     max_per_ip: int
@@ -48,7 +49,7 @@ class ConnectionLimits:
         """None when admitted (and counted), else the reason for refusing."""
         if self.open >= self.max_connections:
             return "max_connections"
-        if self.per_ip[ip] >= self.max_per_ip:
+        if self.max_per_ip and self.per_ip[ip] >= self.max_per_ip:  # 0: no limit
             return "max_connections_per_ip"
         self.open += 1
         self.per_ip[ip] += 1

@@ -26,6 +26,7 @@ def settings(**overrides: Any) -> config.Settings:
     flags: dict[str, Any] = {
         "nsq": "127.0.0.1:0",
         "http": "off",
+        "https": "off",
         "beanstalk": "off",
         "nats": "off",
         "nats_route": "off",

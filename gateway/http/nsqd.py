@@ -1,4 +1,4 @@
-"""nsqd 1.3.0's HTTP API (nsq.md section 12): publishing, topic and channel administration,
+"""nsqd 1.3.0's HTTP API (docs/protocols/nsq.md §12): publishing, topic and channel administration,
 /stats, /info, /ping and /config, with nsqd's status codes, bodies and headers.
 
 The checks run in nsqd's order, because a client that sends several faults at once sees
@@ -295,6 +295,7 @@ class NSQDAPI:
             "log_level": _LG_NUMBERS.get(level, 2),
             "tcp_address": gw.settings.nsq,
             "http_address": gw.settings.http,
+            "https_address": gw.settings.https,
             "broadcast_address": broadcast_address(gw),
             "nsqlookupd_tcp_addresses": [],  # the gateway is its own nsqlookupd
             "auth_http_addresses": list(n.auth_http_addresses),

@@ -123,16 +123,18 @@ def _config(sockets: list[socket.socket], context: ssl.SSLContext | None) -> Con
 
 async def serve(
     gateway: Gateway,
+    context: ssl.SSLContext | None,
     host: str,
     port: int,
     *,
     task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; reports the bound (host, port) of each socket."""
+    """Serve until cancelled, HTTPS when `context` is given (the HTTPS listener), else
+    plain HTTP; reports the bound (host, port) of each socket."""
     sockets = _bind(host, port)
     bound = [sock.getsockname()[:2] for sock in sockets]
     router = build_router(gateway)
-    config = _config(sockets, gateway.http_ssl_context)
+    config = _config(sockets, context)
     async with trio.open_nursery() as nursery:
         await nursery.start(hypercorn_serve, router, config)
         task_status.started(bound)

@@ -224,9 +224,10 @@ async def test_admin_page_asks_for_the_token(reads_protected: bool) -> None:
     ("tls_listeners", "protocol", "warned"),
     [
         (None, "nats", False),  # TLS on every listener that can carry it
-        (None, "http", False),
-        (["http"], "nsq", True),  # a certificate, but not offered on NSQ
-        (["http"], "nats", True),
+        (None, "https", False),
+        (None, "http", True),  # plain HTTP whatever the certificate, as nsqd's
+        (["https"], "nsq", True),  # a certificate, but not offered on NSQ
+        (["https"], "nats", True),
     ],
 )
 def test_the_warning_counts_a_listeners_own_tls_only(

@@ -94,6 +94,41 @@ async def test_nats_max_connections_as_nats_server(
         )
 
 
+async def test_many_idle_connections_from_one_address_do_not_refuse_a_new_client() -> None:
+    """The defaults refuse nobody below the tens of thousands: a sidecar sees every client
+    from 127.0.0.1 (nsqd, beanstalkd and nats-server have no per-address limit). 1,100
+    idle NSQ connections, then a fresh client is served."""
+    idle_count = 1100
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2 * idle_count + 200  # both ends live in this process
+    if soft < need:
+        assert hard >= need, f"RLIMIT_NOFILE hard limit {hard} is below {need}"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    try:
+        async with running_gateway(nsq="127.0.0.1:0") as gw:
+            idle = []
+            try:
+                for _ in range(idle_count):
+                    stream = await trio.open_tcp_stream(*gw.addresses["nsq"])
+                    await stream.send_all(b"  V2")
+                    idle.append(stream)
+                fresh = await trio.open_tcp_stream(*gw.addresses["nsq"])
+                await fresh.send_all(b"  V2NOP\nPUB t 1\n" + (1).to_bytes(4, "big") + b"x")
+                ok = (6).to_bytes(4, "big") + (0).to_bytes(4, "big") + b"OK"
+                assert await read_until(fresh, ok) == ok
+                await fresh.aclose()
+                refused = gw.metrics.registry.get_sample_value(
+                    "gateway_connections_refused_total",
+                    {"protocol": "nsq", "reason": "max_connections_per_ip"},
+                )
+                assert not refused
+            finally:
+                for stream in idle:
+                    await stream.aclose()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 async def test_nsq_and_beanstalk_refusals_per_ip() -> None:
     async with running_gateway(
         nsq="127.0.0.1:0", beanstalk="127.0.0.1:0", limits__max_connections_per_ip=2

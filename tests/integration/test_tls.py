@@ -141,9 +141,32 @@ def _one_body(pki: dict[str, str]) -> str:
     return str(path)
 
 
-async def test_https_with_http2_by_alpn_and_mutual_tls(pki: dict[str, str]) -> None:
-    async with running_gateway(http="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"]) as gw:
+async def test_http_stays_plain_and_https_has_its_own_port(pki: dict[str, str]) -> None:
+    """nsqd's split: a certificate does not change --http-address, which stays plain HTTP
+    (every nsqd HTTP client, lookupd discovery and Prometheus keep working); HTTPS is
+    served on --https-address. gnsq's own suite starts nsqd this way."""
+    async with running_gateway(
+        http="127.0.0.1:0", https="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"]
+    ) as gw:
         host, port = gw.addresses["http"]
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"http://{host}:{port}/ping")
+            assert r.status_code == 200 and r.text == "OK"
+        host, port = gw.addresses["https"]
+        async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=pki["ca"])) as client:
+            r = await client.get(f"https://{host}:{port}/ping")
+            assert r.status_code == 200 and r.text == "OK"
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(httpx.HTTPError):  # no plain HTTP on the HTTPS port
+                await client.get(f"http://{host}:{port}/ping")
+    # no certificate: nothing listens for HTTPS, as nsqd without --tls-cert
+    async with running_gateway(http="127.0.0.1:0", https="127.0.0.1:0") as gw:
+        assert "https" not in gw.addresses and "http" in gw.addresses
+
+
+async def test_https_with_http2_by_alpn_and_mutual_tls(pki: dict[str, str]) -> None:
+    async with running_gateway(https="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"]) as gw:
+        host, port = gw.addresses["https"]
         async with httpx.AsyncClient(
             http2=True, verify=ssl.create_default_context(cafile=pki["ca"])
         ) as client:
@@ -156,10 +179,10 @@ async def test_https_with_http2_by_alpn_and_mutual_tls(pki: dict[str, str]) -> N
             r = await client.post(f"https://{host}:{port}/pub?topic=t", content=b"x")
             assert r.status_code == 200 and r.http_version == "HTTP/1.1"
     async with running_gateway(
-        http="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"],
+        https="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"],
         tls_settings__client_ca=pki["client_ca"], tls_settings__verify=True,
     ) as gw:  # fmt: skip
-        host, port = gw.addresses["http"]
+        host, port = gw.addresses["https"]
         with pytest.raises(httpx.HTTPError):
             async with httpx.AsyncClient(
                 verify=ssl.create_default_context(cafile=pki["ca"])
@@ -250,18 +273,19 @@ async def test_beanstalkd_on_its_tls_port(pki: dict[str, str]) -> None:
 
 
 async def test_a_listener_with_its_own_certificate(pki: dict[str, str], tmp_path: Path) -> None:
-    """[tls.http] gives HTTPS a certificate of its own (another CA); NATS keeps the shared
-    one; `verify` can differ per listener too."""
+    """[tls.https] gives HTTPS a certificate of its own (another CA); NATS keeps the shared
+    one; `verify` can differ per listener too. ([tls.http], its name from before HTTPS
+    had its own port, is read as [tls.https].)"""
     other_ca = trustme.CA()
     http_cert, http_key = issue(other_ca, tmp_path, "http")
     other_ca.cert_pem.write_to_path(str(tmp_path / "other-ca.pem"))
     async with running_gateway(
-        http="127.0.0.1:0", nats="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"],
+        https="127.0.0.1:0", nats="127.0.0.1:0", tls_cert=pki["cert"], tls_key=pki["key"],
         tls_settings__http={"cert": http_cert, "key": http_key},
         tls_settings__client_ca=pki["client_ca"],
         tls_settings__nats={"verify": True},
     ) as gw:  # fmt: skip
-        host, port = gw.addresses["http"]
+        host, port = gw.addresses["https"]
         ctx = ssl.create_default_context(cafile=str(tmp_path / "other-ca.pem"))
         async with httpx.AsyncClient(http2=True, verify=ctx) as client:
             r = await client.get(f"https://{host}:{port}/ping")
