@@ -1,4 +1,4 @@
-"""nsq.md section 16 against a running gateway over TCP, byte for byte."""
+"""docs/protocols/nsq.md §16 against a running gateway over TCP, byte for byte."""
 
 from __future__ import annotations
 
@@ -318,6 +318,26 @@ async def test_snappy_upgrade_bytes() -> None:
             while len(decoded) < 20:
                 decoded += reader.decode(await conn.stream.receive_some(100))
         assert decoded == b"\x00\x00\x00\x06\x00\x00\x00\x00OK" * 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "level"),
+    [
+        ({"deflate": False, "deflate_level": 3}, 6),  # nsqd 1.3.0: its default, not 3
+        ({"deflate_level": 9}, 6),
+        ({"snappy": True, "deflate_level": 1}, 6),
+    ],
+)
+async def test_deflate_level_when_deflate_is_off(fields: dict[str, object], level: int) -> None:
+    """nsqd answers its own default level unless deflate is negotiated: the asked-for
+    level is not echoed back (recorded against nsqd 1.3.0)."""
+    async with running_gateway() as gw:
+        conn = await RawNSQ.connect(gw)
+        body = json.dumps({"feature_negotiation": True, **fields}).encode()
+        await conn.send(b"IDENTIFY\n" + be32(len(body)) + body)
+        _, data = await conn.frame()
+        doc = json.loads(data)
+        assert (doc["deflate"], doc["deflate_level"]) == (False, level)
 
 
 async def test_deflate_upgrade() -> None:

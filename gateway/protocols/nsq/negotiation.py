@@ -149,8 +149,10 @@ def identify(body: bytes, server: ServerFeatures, remote_ip: str) -> Identity:
         raise IdentifyError(f"E_BAD_BODY IDENTIFY msg timeout ({mt}) is invalid")
 
     negotiate = bool(f.get("feature_negotiation", False))
-    level = int(f.get("deflate_level", 0))  # type: ignore[call-overload]
-    level = min(level if level > 0 else 6, server.max_deflate_level)
+    deflate = negotiate and server.deflate_enabled and bool(f.get("deflate", False))
+    # nsqd keeps its default level unless deflate is on, whatever level was asked for
+    asked = int(f.get("deflate_level", 0))  # type: ignore[call-overload]
+    level = min(asked if deflate and asked > 0 else 6, server.max_deflate_level)
     return Identity(
         client_id=str(f.get("client_id", "")),
         hostname=str(f.get("hostname", "")),
@@ -163,7 +165,7 @@ def identify(body: bytes, server: ServerFeatures, remote_ip: str) -> Identity:
         msg_timeout=mt,
         tls_v1=negotiate and server.tls_available and bool(f.get("tls_v1", False)),
         snappy=negotiate and server.snappy_enabled and bool(f.get("snappy", False)),
-        deflate=negotiate and server.deflate_enabled and bool(f.get("deflate", False)),
+        deflate=deflate,
         deflate_level=level,
     )
 
