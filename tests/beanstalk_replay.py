@@ -1,6 +1,8 @@
-"""Replay beanstalkd differential transcripts (beanstalkd.md section 14) against a live server.
+"""Replay beanstalkd differential transcripts (docs/protocols/beanstalkd.md §14) against a live
+server.
 
-The transcripts live in ``shared/protocols/beanstalkd_differential_cases.json``. Each case ran
+The transcripts live in ``tests/data/beanstalkd_differential_cases.json`` (tests/data/README.md;
+``tests/record_beanstalk_transcripts.py`` records them again). Each case ran
 against a freshly started server; its steps are replayed here the way they were recorded:
 
 * connections (``A``, ``B``, ...) are opened lazily, on the first step that names them;

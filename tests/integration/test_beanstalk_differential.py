@@ -1,7 +1,9 @@
-"""beanstalkd differential cases (beanstalkd.md section 14): a real beanstalkd and the gateway.
+"""beanstalkd differential cases (docs/protocols/beanstalkd.md §14): a real beanstalkd and the
+gateway.
 
-The transcripts in ``shared/protocols/beanstalkd_differential_cases.json`` were recorded against
-beanstalkd 1.12 (Debian bookworm) and 1.13 (upstream tag). Three tests per case:
+The transcripts in ``tests/data/beanstalkd_differential_cases.json`` were recorded against
+beanstalkd 1.12 (Debian bookworm) and 1.13 (upstream tag); tests/data/README.md says how.
+Three tests per case:
 
 * ``test_harness_reproduces_beanstalkd_1_12``: the local ``/usr/bin/beanstalkd`` (1.12) replayed
   now must give the recorded 1.12 replies. This proves the replay harness (waits, lazy
@@ -21,8 +23,8 @@ Replies are compared after masking (``tests.beanstalk_replay.mask``): the digits
 reply that holds them. No case sends a server-wide ``stats``; if one did, its per-process fields
 (pid, uptime, rusage-*, id, hostname, os, platform) would be masked too.
 
-Where 1.12 and 1.13 differ in the recording (notes section 13; step numbers are 0-based
-indexes into the JSON steps, one less than the table rows in section 14):
+Where 1.12 and 1.13 differ in the recording (docs/protocols/beanstalkd.md §13; step numbers
+are 0-based indexes into the JSON steps, one less than the row numbers a table would give):
 
 * YAML quoting only: ``tube: "default"`` in stats-job and ``name: "<tube>"`` in stats-tube are
   quoted by 1.13 (``OK <n>`` two bytes longer). Cases: put_extremes_ok (step 4),
@@ -50,8 +52,8 @@ the connection next changes state: ``stats-job 1`` 1.3 s later still says ``stat
 job back in ready, ``timeouts: 1``), so the harness replays that case on a fresh beanstalkd until
 it reproduces the recording (``BEANSTALKD_RACES``); the gateway gets one attempt.
 
-The JSON file is expected at ``<repo>/../shared/protocols/`` (the CI layout); a missing file
-fails the tests.
+The JSON file is part of the repository (``tests/data/``); a missing file fails the tests,
+it never skips them.
 """
 
 from __future__ import annotations
@@ -79,12 +81,7 @@ from tests.beanstalk_replay import (
     run_cases,
 )
 
-CASES_FILE = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "protocols"
-    / "beanstalkd_differential_cases.json"
-)
+CASES_FILE = Path(__file__).resolve().parents[1] / "data" / "beanstalkd_differential_cases.json"
 MISSING = "<cases file missing>"
 
 
@@ -101,8 +98,8 @@ CASE_NAMES = list(CASES) or [MISSING]
 def _case(name: str) -> Case:
     if name == MISSING:
         pytest.fail(
-            f"beanstalkd differential cases not found at {CASES_FILE}: the repository must be "
-            "checked out with shared/ beside it (<repo>/../shared/protocols/)"
+            f"beanstalkd differential cases not found at {CASES_FILE}: the file belongs to the "
+            "repository (tests/data/README.md)"
         )
     return CASES[name]
 

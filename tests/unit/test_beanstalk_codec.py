@@ -1,6 +1,7 @@
 """The beanstalkd codec alone: the notes' parsing rows, split-anywhere parsing, garbage.
 
-Rows marked "section 14" are the differential transcripts of beanstalkd.md (1.13 column),
+Rows marked "section 14" are the differential transcripts of docs/protocols/beanstalkd.md §14
+(tests/data/beanstalkd_differential_cases.json, 1.13 column),
 one codec per connection, fed send by send. Rows marked "live" were checked against the
 local beanstalkd 1.12 while the codec was written (1.12 and 1.13 parse the same except for
 reserve-with-timeout).
@@ -38,12 +39,7 @@ from gateway.protocols.beanstalk.codec import (
 )
 from gateway.protocols.beanstalk.names import is_valid_name
 
-CASES_FILE = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "protocols"
-    / "beanstalkd_differential_cases.json"
-)
+CASES_FILE = Path(__file__).resolve().parents[1] / "data" / "beanstalkd_differential_cases.json"
 
 BAD = ev.Reply(BAD_FORMAT)
 UNKNOWN = ev.Reply(UNKNOWN_COMMAND)
@@ -467,7 +463,7 @@ def test_max_job_size_bounds() -> None:
 
 
 def test_job_too_big_before_trailing_garbage() -> None:
-    # notes section 5, put check order: the size check comes first and drains bytes + 2
+    # docs/protocols/beanstalkd.md §5, put: the size check comes first and drains bytes + 2
     data = b"put 0 0 1 11 junk\r\nhello world\r\nstats\r\n"
     assert feed(data, max_job_size=10) == [TOO_BIG, ev.Stats()]
     # within the limit, the garbage is BAD_FORMAT and the body is read as commands
@@ -840,7 +836,7 @@ def test_reply_bytes() -> None:
 
 
 def test_yaml_lists_exact() -> None:
-    # notes section 10 / fresh_server_listings, watch_ignore
+    # docs/protocols/beanstalkd.md §10 / fresh_server_listings, watch_ignore
     assert ok_yaml(yaml_list(["default"])) == b"OK 14\r\n---\n- default\n\r\n"
     assert ok_yaml(yaml_list(["default", "foo"])) == b"OK 20\r\n---\n- default\n- foo\n\r\n"
     assert ok_yaml(yaml_list(["foo"])) == b"OK 10\r\n---\n- foo\n\r\n"
