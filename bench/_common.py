@@ -82,7 +82,7 @@ def connect(addr: Address) -> socket.socket:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where the server and the client processes run (the PIN of peers/bench/run_anchors.sh).
+    """Where the server and the client processes run (`--pin`: none, same or split).
 
     On a 2-vCPU machine a request/response client is several times faster when it shares a
     CPU with the server, while a throughput workload needs a core for each side: always say
@@ -465,8 +465,8 @@ def wait_connectable(addr: Address, proc: subprocess.Popen[bytes], timeout: floa
 
 
 class Nsqd:
-    """A real nsqd started by a bench script (`--nsqd-bin PATH`; built as
-    shared/peers/nsqd-build.md says, outside the project), pinned like the gateway, on
+    """A real nsqd started by a bench script (`--nsqd-bin PATH`, nsqd 1.3.0 built from the
+    nsqio/nsq source as bench/README.md says, outside the project), pinned like the gateway, on
     free loopback ports with a fresh data directory; stopped by pid."""
 
     def __init__(self, binary: str, placement: Placement, extra: Sequence[str] = ()) -> None:

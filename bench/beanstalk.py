@@ -1,14 +1,15 @@
 """Benchmark of the gateway's beanstalkd listener against a real beanstalkd, in one run (not
 a test).
 
-The workload is the one of shared/peers/bench/bench_beanstalk.py, with the greenstalk client:
+The workload is the one of the beanstalkd anchor (bench/README.md, "Anchor figures"), with
+the greenstalk client:
 each of ``--procs`` processes uses its own tube, puts ``-n`` jobs of ``--size`` bytes, then
 reserves+deletes ``-n`` jobs; all processes start together on a barrier. Reported per server:
 put rate and reserve+delete rate (sums of the per-process rates) and the end-to-end rate
 (all jobs put, reserved and deleted, over the wall time from the first start to the last end).
 
 Both servers run in this run, with the same CPU placement (``--pin``, as in
-peers/bench/run_anchors.sh: ``same`` = server and clients on one CPU, ``split`` = server on one
+the anchor figures: ``same`` = server and clients on one CPU, ``split`` = server on one
 CPU, clients on another, ``none`` = the scheduler decides). The script starts the gateway
 (``python -m gateway serve --beanstalk 127.0.0.1:0 --nsq off --http off --nats off
 --store memory://``) and ``/usr/bin/beanstalkd -l 127.0.0.1 -p <free port>`` itself, pinned,

@@ -14,8 +14,9 @@ Systems under test, each pinned to CPU 0 (producers and consumer on CPU 1), one 
 * ``gateway``: ``python -m gateway serve --beanstalk ... --nsq ... --store memory://``; the
   producers put on its beanstalkd port, the consumer subscribes on its NSQ port.
 * ``beanstalkd + bridge + nsqd``: a real beanstalkd, a real nsqd (``--nsqd HOST:PORT``, or
-  started here from ``--nsqd-bin PATH``) and ``--bridges`` 1 and 4 bridge processes, each
-  with a raw-socket beanstalkd connection watching the tube and an NSQ connection:
+  started here from ``--nsqd-bin PATH``, default ``nsqd`` on PATH) and ``--bridges`` 1 and 4
+  bridge processes, each with a raw-socket beanstalkd connection watching the tube and an NSQ
+  connection:
   ``single``: reserve, MPUB of 1, wait for OK, delete; ``batch``: reserve (waiting up to 1 s
   for the first), then ``reserve-with-timeout 0`` until ``TIMED_OUT`` or ``--batch`` (100)
   jobs, one MPUB of them, wait for OK, then the deletes pipelined in one write.
@@ -27,7 +28,8 @@ and the bridges) from /proc over the run, divided by the jobs. Issue 15's accept
 producers the gateway >= 0.8x the best alternative's throughput, its p99 <= 1/10 of that
 alternative's, and its CPU per message below it.
 
-    PYTHONPATH=. .venv/bin/python bench/bridge.py --nsqd-bin ~/peers/nsq-bin/nsqd
+    PYTHONPATH=. .venv/bin/python bench/bridge.py                  # nsqd from PATH
+    PYTHONPATH=. .venv/bin/python bench/bridge.py --nsqd-bin ../nsq/nsqd
     PYTHONPATH=. .venv/bin/python bench/bridge.py --nsqd 127.0.0.1:4150 --repeat 3
     PYTHONPATH=. .venv/bin/python bench/bridge.py --only gateway --jobs 2000   # quick look
 """
@@ -39,6 +41,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import time
@@ -477,7 +480,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only", default="gateway,alternative", help="gateway and/or alternative (both)"
     )
     ap.add_argument("--nsqd", help="HOST:PORT of a running nsqd (pinned like the gateway)")
-    ap.add_argument("--nsqd-bin", help="an nsqd binary to start here (shared/peers/nsqd-build.md)")
+    ap.add_argument(
+        "--nsqd-bin",
+        default=shutil.which("nsqd"),
+        help="an nsqd binary to start here (default: nsqd on PATH; bench/README.md, Real servers)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per system; median shown (1)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run (120)")
     ap.add_argument(

@@ -18,8 +18,9 @@ Servers, all pinned to CPU 0 (clients on CPU 1) unless ``--pin`` says otherwise:
                 listener on (one gateway per protocol, started and stopped around its block);
 * the real one: beanstalkd (``/usr/bin/beanstalkd``), nats-server (``--nats-server-bin``),
                 nsqd at ``--nsqd HOST:PORT`` (started elsewhere, pinned like the gateway) or
-                started here from ``--nsqd-bin PATH``; without either, the NSQ reference is
-                the anchor of shared/peers/README.md (marked ``*``, not measured in this run);
+                started here from ``--nsqd-bin PATH`` (default: ``nsqd`` on PATH); without
+                either, the NSQ reference is the anchor figure of bench/README.md (marked
+                ``*``, not measured in this run);
 * ``ceiling``   bench/ceiling.py: a Trio server with canned replies on the gateway's socket
                 pattern, the runtime's own ceiling on this machine.
 
@@ -31,7 +32,7 @@ ceiling, and the table shows both.
     PYTHONPATH=. .venv/bin/python bench/compare.py                       # everything, ~5 min
     PYTHONPATH=. .venv/bin/python bench/compare.py --scale 0.1 --repeat 1   # smoke run
     PYTHONPATH=. .venv/bin/python bench/compare.py --only nsq,beanstalk-4 \
-        --nsqd-bin ~/peers/nsq-bin/nsqd
+        --nsqd-bin ../nsq/nsqd
     PYTHONPATH=. .venv/bin/python bench/compare.py --repeat 3 --json before.json
 """
 
@@ -419,7 +420,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="split = servers on CPU 0, clients on CPU 1 (default)",
     )
     ap.add_argument("--nsqd", help="HOST:PORT of a running nsqd (pinned like the gateway)")
-    ap.add_argument("--nsqd-bin", help="an nsqd binary to start here (shared/peers/nsqd-build.md)")
+    ap.add_argument(
+        "--nsqd-bin",
+        default=shutil.which("nsqd"),
+        help="an nsqd binary to start here (default: nsqd on PATH; bench/README.md, Real servers)",
+    )
     ap.add_argument(
         "--nats-server-bin",
         default=nats_bench.default_nats_server_bin(),

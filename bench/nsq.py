@@ -10,9 +10,10 @@ Workloads, each on a fresh topic, 200-byte bodies by default:
 * ``latency`` a publisher process PUBs one at a time (a timestamp in each body) while this
               process consumes with SUB + RDY + FIN: publish-to-receive latency.
 
-The reference is real nsqd 1.3.0 on this 2-vCPU machine (shared/peers/README.md,
-"Performance anchors"). nsqd cannot be installed here, so by default the anchor figures are
-printed next to the gateway's, labelled as not measured in this run. With ``--nsqd ADDR``
+The reference is real nsqd 1.3.0 on this 2-vCPU machine (bench/README.md, "Anchor figures").
+No package registry ships nsqd (bench/README.md, "Real servers", says how to build it), so by
+default the anchor figures are printed next to the gateway's, labelled as not measured in
+this run. With ``--nsqd ADDR``
 (a running nsqd) the same workloads also run against it, and the ratio is a measured one.
 
 The script starts the gateway itself (``python -m gateway serve --nsq 127.0.0.1:0 --http off
@@ -60,7 +61,7 @@ from _common import (
     si,
 )
 
-# -- wire constants (shared/protocols/nsq.md sections 1 and 4) ----------------------------
+# -- wire constants (docs/protocols/nsq.md §1 and §4) -------------------------------------
 
 MAGIC = b"  V2"
 FRAME_RESPONSE = 0
@@ -123,13 +124,13 @@ class Anchor:
         return f"{rate / self.high:.2f}-{rate / self.low:.2f}"
 
 
-# shared/peers/README.md "Performance anchors": nsqd 1.3.0, raw socket, 200 B bodies.
+# bench/README.md "Anchor figures": nsqd 1.3.0 on this 2-vCPU machine, raw socket, 200 B.
 ANCHORS: dict[str, Anchor] = {
     "pub": Anchor(14_000, 16_000),
     "mpub": Anchor(460_000, 530_000),
     "sub": Anchor(200_000, 200_000),
 }
-ANCHOR_SOURCE = "anchor from shared/peers/README.md (nsqd 1.3.0, 200 B), not measured in this run"
+ANCHOR_SOURCE = "anchor from bench/README.md (nsqd 1.3.0, 200 B), not measured in this run"
 # Targets from the issue (msgs/s).
 GOALS: dict[str, float] = {"mpub": 200_000, "sub": 100_000}
 DEFAULT_N: dict[str, int] = {"pub": 20_000, "mpub": 1_000_000, "sub": 500_000, "latency": 20_000}
@@ -558,7 +559,7 @@ def _latency_publisher(
 def run_latency(addr: Address, topic: str, opts: Options, wd: Watchdog, progress: Progress) -> None:
     n = opts.n["latency"]
     # No output buffering: the consumer should see each message as soon as the server has
-    # it, not when a 25-250 ms flush timer fires (nsq.md section 8).
+    # it, not when a 25-250 ms flush timer fires (docs/protocols/nsq.md §8).
     sub, rdy, notes = _subscriber(
         addr,
         topic,

@@ -1,4 +1,4 @@
-"""`gateway serve | check-config | pipeline`: the command-line contract of DESIGN.md."""
+"""`gateway serve | check-config | pipeline`: the command-line contract (README.md, Running it)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ protocol has to:
 
 * A message that arrived from a route (`routed` is not None in `deliver`) goes to local
   taps only, never to a remote one: routes never relay, each server routes to every peer
-  itself (nats-route.md §10).
+  itself (docs/protocols/nats-route.md §10).
 * Such a message reaches a local queue group only when the route named that queue
   (`RMSG ... | workers`): the cluster already chose this gateway as the member that gets
   it. A routed message with no queue names reaches no local queue member.

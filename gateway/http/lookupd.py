@@ -1,5 +1,5 @@
-"""nsqlookupd 1.3.0's HTTP API (nsq.md section 13), answering for the one nsqd there is: the
-gateway itself. A reader configured with lookupd addresses is sent to the gateway's NSQ
+"""nsqlookupd 1.3.0's HTTP API (docs/protocols/nsq.md §13), answering for the one nsqd there
+is: the gateway itself. A reader configured with lookupd addresses is sent to the gateway's NSQ
 listener.
 
 A topic is known once it exists in the broker, as nsqlookupd knows a topic once an nsqd

@@ -17,7 +17,8 @@ from tests.deploy.support import (
     run_tool,
 )
 
-# every default port of DESIGN.md: NSQ, HTTP, beanstalkd, NATS, NATS route, RocketMQ
+# every default listener port (gateway/config.py): NSQ, HTTP, beanstalkd, NATS, NATS route,
+# RocketMQ
 DEFAULT_PORTS = {4150, 4151, 11300, 4222, 6222, 9876}
 # the listener settings inside the container and the port each one defaults to
 LISTENERS = {

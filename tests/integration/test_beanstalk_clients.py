@@ -31,7 +31,7 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
-# every key of `stats`, stats-job and stats-tube (protocols/beanstalkd.md section 10)
+# every key of `stats`, stats-job and stats-tube (docs/protocols/beanstalkd.md §10)
 STATS_KEYS = _words("""current-jobs-urgent current-jobs-ready current-jobs-reserved
 current-jobs-delayed current-jobs-buried cmd-put cmd-peek cmd-peek-ready cmd-peek-delayed
 cmd-peek-buried cmd-reserve cmd-reserve-with-timeout cmd-delete cmd-release cmd-use cmd-watch

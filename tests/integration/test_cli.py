@@ -1,4 +1,4 @@
-"""The command-line contract of DESIGN.md, on a real `gateway` process."""
+"""The command-line contract (README.md, Running it), on a real `gateway` process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""nsqlookupd's HTTP API on the gateway (nsq.md section 13), and the sidecar probes."""
+"""nsqlookupd's HTTP API on the gateway (docs/protocols/nsq.md §13), and the sidecar probes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """nsqd's HTTP API on the gateway: every endpoint with nsqd 1.3.0's status codes, bodies and
-headers (nsq.md section 12), bad input included, and /stats in nsqd's exact shape for real
+headers (docs/protocols/nsq.md §12), bad input included, and /stats in nsqd's exact shape for real
 NSQ TCP traffic."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ V1 = "nsq; version=1.0"
 JSON = "application/json; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 
-# The key order of nsqd 1.3.0's /stats?format=json (nsq.md section 12, verified there)
+# The key order of nsqd 1.3.0's /stats?format=json (docs/protocols/nsq.md §12)
 STATS_KEYS = ["version", "health", "start_time", "topics", "memory", "producers"]
 TOPIC_KEYS = [
     "topic_name",

@@ -1,4 +1,4 @@
-"""AUTH through a connection, against a stub auth server (nsq.md section 10 and 16)."""
+"""AUTH through a connection, against a stub auth server (docs/protocols/nsq.md §10, §16)."""
 
 from __future__ import annotations
 

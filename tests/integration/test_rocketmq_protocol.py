@@ -1,5 +1,5 @@
 """The RocketMQ listener at the byte level: what each request code answers, as the notes
-(shared/protocols/rocketmq-remoting.md) and the Java 4.9.8 broker say, for the requests
+(docs/protocols/rocketmq-remoting.md) and the Java 4.9.8 broker say, for the requests
 ali-ons does not make (SEND_MESSAGE 10, batches, oneway, the offset queries, dead letters)
 and for pull states that are hard to reach with a real client."""
 

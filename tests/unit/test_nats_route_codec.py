@@ -1,7 +1,7 @@
 """The NATS route codec alone: captured route traffic, the error tables, frames, garbage.
 
-The message, interest and error lines below are the ones nats-route.md records from
-nats-server 2.9.10 and 2.15.1 (§7, §8, §9); the argument rules come from route.go. A
+The message, interest and error lines below are the ones docs/protocols/nats-route.md records
+from nats-server 2.9.10 and 2.15.1 (§7, §8, §9); the argument rules come from route.go. A
 ProtocolError is compared by its reply only (SILENT: close without a reply); the reason
 is a log text, checked separately.
 """

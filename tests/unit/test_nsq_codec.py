@@ -34,7 +34,8 @@ def err(text: bytes) -> ev.ProtocolError:
     return ev.ProtocolError(error_frame(text))
 
 
-# (bytes after the magic, state, the events nsqd 1.3.0's parser produces) — nsq.md s.16
+# (bytes after the magic, state, the events nsqd 1.3.0's parser produces);
+# docs/protocols/nsq.md §16
 TRANSCRIPTS: list[tuple[bytes, State, list[ev.Event]]] = [
     (b"FOO\n", State.INIT, [err(b"E_INVALID invalid command FOO")]),
     (b"\n", State.INIT, [err(b"E_INVALID invalid command ")]),

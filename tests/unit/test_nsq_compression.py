@@ -1,4 +1,4 @@
-"""Tests for the NSQ snappy and deflate stream transforms (nsq.md sections 9 and 16)."""
+"""Tests for the NSQ snappy and deflate stream transforms (docs/protocols/nsq.md §9, §16)."""
 
 from __future__ import annotations
 
@@ -292,7 +292,8 @@ def test_snappy_garbage_only_raises_compression_error(wire: bytes, cuts: list[in
 
 # -- deflate -------------------------------------------------------------------------------------
 
-# nsq.md section 16: nsqd v1.3.0 at deflate_level 3, the OK frame after the IDENTIFY response.
+# docs/protocols/nsq.md §16: nsqd v1.3.0 at deflate_level 3, the OK frame after the IDENTIFY
+# response.
 NSQD_DEFLATED_OK = b"b```c```\xf0\xf7\x06\x00\x00\x00\xff\xff\x00\x00\x00\xff\xff"
 SYNC_MARKER = b"\x00\x00\xff\xff"
 

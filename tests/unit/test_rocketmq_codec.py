@@ -1,5 +1,5 @@
 """The RocketMQ remoting codec alone: golden frames and records from the notes
-(shared/protocols/rocketmq-remoting.md), round trips, every error path, fuzzing."""
+(docs/protocols/rocketmq-remoting.md), round trips, every error path, fuzzing."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def one_error(*chunks: bytes, codec: RemotingCodec | None = None) -> str:
     return events[0].reason
 
 
-# notes section 1: ali-ons GET_ROUTEINFO_BY_TOPIC, exact bytes
+# docs/protocols/rocketmq-remoting.md §1: ali-ons GET_ROUTEINFO_BY_TOPIC, exact bytes
 GOLDEN_ROUTE_REQUEST = bytes.fromhex("0000006600000062") + (
     b'{"code":105,"language":"JAVA","opaque":1,"flag":0,"version":121,'
     b'"extFields":{"topic":"TopicTest"}}'
@@ -74,7 +74,8 @@ GOLDEN_ROUTE_EVENT = Request(
     code=105, opaque=1, flag=0, language="JAVA", version=121, ext_fields={"topic": "TopicTest"}
 )
 
-# notes section 7.2: topic T, body hi, TAGS=A, born 127.0.0.1:50000, stored at :9876
+# docs/protocols/rocketmq-remoting.md §7.2: topic T, body hi, TAGS=A, born 127.0.0.1:50000,
+# stored at :9876
 GOLDEN_RECORD = bytes.fromhex(
     "00000065daa320a758932aac00000000000000000000000000000000000000000000000000000000"
     "0000018bcfe568007f0000010000c3500000018bcfe568017f000001000026940000000000000000"
@@ -134,7 +135,7 @@ def test_split_anywhere_gives_the_same_events() -> None:
 
 
 def test_java_send_message_v2_header_from_the_seed() -> None:
-    # seeds/003: a Java SEND_MESSAGE_V2, every ext value a string, \u0001 escapes
+    # a Java client's SEND_MESSAGE_V2 (version 79): every ext value a string, \u0001 escapes
     header = (
         b'{"code":310,"extFields":{"f":"0","g":"1482158310125","d":"4","e":"0",'
         b'"b":"TopicTest","c":"TBW102","a":"please_rename_unique_group_name","j":"0",'

@@ -2,9 +2,9 @@
 
 `BeanstalkCodec` turns the bytes of one connection into the events of events.py, with the
 same line framing, command matching and argument checks as prot.c, so every malformed
-input gets the reply a real beanstalkd sends (shared/protocols/beanstalkd.md, sections
-1-5). Replies for the client come from the pure functions and constants at the
-end of this module. No sockets, no clock, no broker in here.
+input gets the reply a real beanstalkd sends (docs/protocols/beanstalkd.md §1-§5).
+Replies for the client come from the pure functions and constants at the end of this
+module. No sockets, no clock, no broker in here.
 
 Reading is pull-style (h11): feed bytes with `receive_data`, then call `next_event` until
 it returns None. beanstalkd handles one command at a time and reads nothing while a
@@ -20,9 +20,10 @@ server):
 * When 224 bytes have arrived without a line end, beanstalkd throws them away and keeps
   discarding in 224-byte windows (the same scan each time) until a window holds a line
   end; that one line end gets a single BAD_FORMAT.
-* The 225-byte quirk of the notes follows from this and is implemented: a CR at byte 224
-  is the last byte of the window, which the scan skips, so its LF starts the next window
-  and the *next* line's CRLF ends the discarding (one BAD_FORMAT for both lines).
+* The 225-byte quirk (docs/protocols/beanstalkd.md §1) follows from this and is
+  implemented: a CR at byte 224 is the last byte of the window, which the scan skips, so
+  its LF starts the next window and the *next* line's CRLF ends the discarding (one
+  BAD_FORMAT for both lines).
 """
 
 from __future__ import annotations

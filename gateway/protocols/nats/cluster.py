@@ -7,8 +7,8 @@ of NATS clients connected to the gateway directly (queue subscriptions with thei
 count as weight). Interest is counted here and announced as a set: RS+ when a subject's
 count leaves 0, RS- when it returns to 0, a fresh RS+ when a queue weight changes.
 
-Routes never relay (nats-route.md §10), so the gateway keeps a route to every server of
-the cluster: the configured URLs are dialed and redialed for ever with backoff, a server
+Routes never relay (docs/protocols/nats-route.md §10), so the gateway keeps a route to every
+server of the cluster: the configured URLs are dialed and redialed for ever with backoff, a server
 another server tells us about (gossip INFO) is dialed too, and servers may dial the route
 listener. One route per remote server_id; a second one is closed.
 """
@@ -227,7 +227,8 @@ class Cluster:
 
     def accept_cluster_name(self, name: object, dynamic: bool) -> bool:
         """Does a peer's cluster name fit ours? With none configured, adopt the first
-        peer's; a peer whose name was generated adopts ours (nats-route.md §6)."""
+        peer's; a peer whose name was generated adopts ours
+        (docs/protocols/nats-route.md §6)."""
         if dynamic:
             if self.name is None and isinstance(name, str) and name:
                 self.name = name
@@ -263,7 +264,8 @@ class Cluster:
         return event
 
     def info_doc(self, gossip_mode: Any) -> dict[str, Any]:
-        """Our route INFO (nats-route.md §3): no pooling, no compression, headers on."""
+        """Our route INFO (docs/protocols/nats-route.md §3): no pooling, no compression,
+        headers on."""
         host, port = self.advertise or self.listen_address or ("127.0.0.1", 0)
         doc: dict[str, Any] = {
             "server_id": self.server_id,

@@ -7,7 +7,7 @@ clock, no broker. Reading is pull-style (h11): feed bytes with `receive_data`, t
 `next_event` until it returns None. The same bytes give the same events however they are
 chunked.
 
-How the route protocol is framed (see /work/shared/protocols/nats-route.md §1, §7-§9;
+How the route protocol is framed (see docs/protocols/nats-route.md §1, §7-§9;
 argument rules read from nats-server route.go and parser.go):
 
 * Text lines end at `\\n`; a `\\r` just before it is dropped, so bare `\\n` works as it

@@ -1,6 +1,7 @@
 """One NATS cluster route: a real nats-server on the other end, whichever side dialed.
 
-The handshake follows what nats-server 2.9 and 2.10+ actually do (nats-route.md §0, §2):
+The handshake follows what nats-server 2.9 and 2.10+ actually do
+(docs/protocols/nats-route.md §0, §2):
 
 * We dialed: the server's INFO comes first; we answer CONNECT and then our INFO, in that
   order (2.10+ rejects anything before CONNECT).

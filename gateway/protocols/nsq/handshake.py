@@ -91,7 +91,7 @@ class Handshake:
             self.codec.resume()
             return
         # Upgrades: the JSON goes out in plain text first, then each step answers OK in
-        # its new framing (nsq.md section 9). The client sends nothing until each OK.
+        # its new framing (docs/protocols/nsq.md §9). The client sends nothing until each OK.
         await self._flush_all()
         if identity.tls_v1:
             await self._upgrade_tls()

@@ -3,7 +3,7 @@
 `RemotingCodec` turns the bytes of one connection into the events of events.py; the
 `encode_*` functions make the frames the gateway sends; header.py (de)serializes the
 headers inside. No sockets, no clock, no broker.
-The references are shared/protocols/rocketmq-remoting.md (sections 1-2, verified against
+The references are docs/protocols/rocketmq-remoting.md (§1-§2, verified against
 ali-ons 3.12.0 and the C++ client) and the Apache RocketMQ 4.9.8 remoting classes
 (NettyDecoder, RemotingCommand, RocketMQSerializable).
 
@@ -83,7 +83,7 @@ _BE32 = struct.Struct(">i")
 
 
 class ResponseCode(IntEnum):
-    """The ResponseCode values the notes name (sections 2.4 and 4.3)."""
+    """The ResponseCode values docs/protocols/rocketmq-remoting.md names (§2.4, §4.3)."""
 
     SUCCESS = 0
     SYSTEM_ERROR = 1
