@@ -50,7 +50,8 @@ from _common import (
     si,
 )
 
-BEANSTALKD = "/usr/bin/beanstalkd"
+# the real server: on PATH (Debian's beanstalkd package), else where Debian puts it
+BEANSTALKD = shutil.which("beanstalkd") or "/usr/bin/beanstalkd"
 TARGET_RATIO = 0.8  # gateway / beanstalkd, end to end
 
 

@@ -66,7 +66,8 @@ from _common import (
     si,
 )
 
-BEANSTALKD = "/usr/bin/beanstalkd"
+# the real server: on PATH (Debian's beanstalkd package), else where Debian puts it
+BEANSTALKD = shutil.which("beanstalkd") or "/usr/bin/beanstalkd"
 SECTIONS = ("throughput", "beanstalkd", "rss", "disk")
 MiB = 1024 * 1024
 
