@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", metavar="FILE")
     serve.add_argument("--log-level", metavar="LEVEL")
     check = sub.add_parser(
-        "check-config", help="validate a configuration file and print every error"
+        "check-config",
+        help="validate a configuration file, with the GATEWAY_* environment over it as serve "
+        "reads it, and print every error and every setting the environment changes",
     )
     check.add_argument("file")
     pipeline_cli.add_parser(sub)
@@ -157,19 +159,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no gateway to stop cleanly here
         return pipeline_cli.main(args)
     try:
-        settings = config.load(args.config, _flags(args))
-    except ValidationError as exc:
-        for line in config.describe_errors(exc):
-            print(f"config error: {line}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as exc:
+        sources = config.gather(args.config, _flags(args))
+    except (OSError, ValueError) as exc:  # an unreadable file, an unknown GATEWAY_ name
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        settings = sources.settings()
+    except ValidationError as exc:
+        for line in config.describe_errors(exc, sources):
+            print(f"config error: {line}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # A setting two sources disagree on: which one won, so that a value nobody remembers
+    # setting (an image's or a pod's environment, a forgotten file) is found in the log.
+    for override in sources.overrides:
+        logging.getLogger("gateway.config").info("%s", override)
     _tune_gc()
     failed: list[BaseException] = []
     try:
@@ -211,17 +219,23 @@ def _tune_gc() -> None:
 
 
 def _check_config(path: str) -> int:
+    """The file as `serve --config FILE` would run it: with this environment's GATEWAY_*
+    variables over it, each one that changes a setting of the file named."""
     try:
-        config.load(path, environ={})
-    except ValidationError as exc:
-        errors = config.describe_errors(exc)
-        for line in errors:
-            print(f"{path}: {line}")
-        print(f"{path}: {len(errors)} error(s)")
-        return 1
+        sources = config.gather(path, file_flag="check-config's FILE")
     except (OSError, ValueError) as exc:
         text = str(exc)  # a TOML error names the file already
         print(text if text.startswith(f"{path}:") else f"{path}: {text}")
+        return 1
+    for override in sources.overrides:
+        print(f"{path}: {override}")
+    try:
+        sources.settings()
+    except ValidationError as exc:
+        errors = config.describe_errors(exc, sources)
+        for line in errors:
+            print(f"{path}: {line}")
+        print(f"{path}: {len(errors)} error(s)")
         return 1
     print(f"{path}: ok")
     return 0

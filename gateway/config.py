@@ -1,4 +1,11 @@
-"""Settings: a TOML file, then command-line flags, then GATEWAY_* environment variables.
+"""Settings from four sources; the higher one wins, key by key:
+
+    command-line flags > GATEWAY_* environment variables > the TOML file > defaults
+
+as every tool users know orders them: a flag typed on the command line is the most
+deliberate choice, so an environment inherited from a shell, an image or a pod cannot
+silently undo it. `gather()` also records which source each setting came from, so
+`check-config` and the start-up log can name the winner wherever two sources disagree.
 
 Every limit is a setting with nsqd's (or the relevant server's) default, so a gateway
 started with no configuration behaves like the servers its clients expect.
@@ -6,13 +13,16 @@ started with no configuration behaves like the servers its clients expect.
 Environment names: top-level keys as `GATEWAY_<KEY>` (GATEWAY_NSQ, GATEWAY_TLS_CERT,
 GATEWAY_STORE, ...), section keys as `GATEWAY_<SECTION>__<KEY>`
 (GATEWAY_NSQD__MAX_MSG_SIZE). Lists in the environment are comma-separated.
+GATEWAY_CONFIG names the file when no --config is given (the flag wins here too).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -368,9 +378,13 @@ _SECTIONS = {
 }
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+def _env_overrides(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The GATEWAY_* settings, and the variable each one came from (for messages)."""
     out: dict[str, Any] = {}
-    for key, raw in environ.items():
+    names: dict[tuple[str, ...], str] = {}
+    for key, raw in sorted(environ.items()):
         if not key.startswith("GATEWAY_"):
             continue
         name = key[len("GATEWAY_") :].lower()
@@ -379,16 +393,21 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             top = _SPLIT_TABLES[section][1].get(field) if section in _SPLIT_TABLES else None
             if top is not None:  # GATEWAY_HTTP__ADDRESS, GATEWAY_TLS__CERT: as in a file
                 out[top] = _env_value(Settings, top, raw)
+                names[(top,)] = key
                 continue
             model = _SECTIONS.get(section)
             if model is None or field not in model.model_fields:
                 # a typo would be an error in a file: here too, not silently ignored
                 raise ValueError(f"{key}: no such setting ([{section}] {field})")
-            key = _SPLIT_TABLES[section][0] if section in _SPLIT_TABLES else section
-            out.setdefault(key, {})[field] = _env_value(model, field, raw)
+            section = _SPLIT_TABLES[section][0] if section in _SPLIT_TABLES else section
+            out.setdefault(section, {})[field] = _env_value(model, field, raw)
+            names[(section, field)] = key
+        elif name == "config":
+            continue  # which file to read, not a setting in it: gather() weighs it
         elif name in Settings.model_fields and not _is_section(name):
             out[name] = _env_value(Settings, name, raw)
-    return out
+            names[(name,)] = key
+    return out, names
 
 
 def _is_section(name: str) -> bool:
@@ -441,31 +460,156 @@ def _http_clash(raw: bytes) -> bool:
     return has_key and any(line.split("#", 1)[0].strip() == "[http]" for line in lines)
 
 
+# A setting whose value may carry a secret: named in messages, its value never shown.
+_SECRET_KEYS = ("password", "token", "users")
+# user:password@ in a URL (a store, a NATS route): the password is hidden in messages
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]+@")
+
+
+@dataclass(frozen=True)
+class Override:
+    """A setting two sources gave different values: the winner, and those it beat."""
+
+    setting: str  # as a file writes it: nsq, broker.max_attempts, http.auth_token
+    value: Any
+    source: str  # --nsq, GATEWAY_NSQ, or the config file's path
+    # (kind, source, value) of each source that lost, the higher first; kind is "flag",
+    # "env" or "file"
+    beaten: tuple[tuple[str, str, Any], ...]
+
+    def __str__(self) -> str:
+        """`nsq = 127.0.0.1:25181 from --nsq (overrides GATEWAY_NSQ=127.0.0.1:25180)`."""
+        secret = any(word in self.setting.rsplit(".", 1)[-1] for word in _SECRET_KEYS)
+
+        def shown(value: Any) -> str:
+            return "(hidden)" if secret else _shown(value)
+
+        # each spelled as the user wrote it: GATEWAY_X=v, --x v, or v in the file
+        spelled = {"env": "{src}={v}", "flag": "{src} {v}", "file": "{v} in {src}"}
+        beaten = " and ".join(
+            spelled[kind].format(src=src, v=shown(v)) for kind, src, v in self.beaten
+        )
+        return f"{self.setting} = {shown(self.value)} from {self.source} (overrides {beaten})"
+
+
+@dataclass
+class Sources:
+    """The merged settings before validation, and where each one came from."""
+
+    data: dict[str, Any]
+    file: str | None = None  # the file read, if any
+    # the source of every setting a file, the environment or a flag gave (a path of keys,
+    # as the model names them -> "--nsq", "GATEWAY_NSQ" or the file's path)
+    origin: dict[tuple[str, ...], str] = field(default_factory=dict)
+    overrides: list[Override] = field(default_factory=list)
+
+    def settings(self) -> Settings:
+        """Raises ValidationError listing every problem (describe_errors names sources)."""
+        return Settings.model_validate(self.data)
+
+
+def gather(
+    config_file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    file_flag: str = "--config",
+) -> Sources:
+    """Flags over GATEWAY_* environment over the file (over the defaults the model has).
+
+    `config_file` is what the command line named (`file_flag` in messages); without it
+    GATEWAY_CONFIG names the file. Raises OSError or ValueError for an unreadable file or
+    an unknown GATEWAY_<SECTION>__<KEY>."""
+    environ = os.environ if environ is None else environ
+    from_env = environ.get("GATEWAY_CONFIG") or None
+    path = str(config_file) if config_file else from_env
+    file_data = read_file(path) if path else {}
+    env_data, env_names = _env_overrides(environ)
+    flag_data = {k: v for k, v in (flags or {}).items() if v is not None}
+    # lowest first: (kind, each setting the layer gives, the name of its source)
+    layers: list[tuple[str, dict[tuple[str, ...], Any], Callable[[tuple[str, ...]], str]]] = [
+        ("file", _leaves(file_data), lambda _: str(path)),
+        ("env", _leaves(env_data), env_names.__getitem__),
+        ("flag", _leaves(flag_data), lambda key: "--" + key[0].replace("_", "-")),
+    ]
+    sources = Sources(_merge(_merge(file_data, env_data), flag_data), file=path)
+    for key in sorted({key for _, leaves, _ in layers for key in leaves}):
+        given = [(kind, name(key), leaves[key]) for kind, leaves, name in layers if key in leaves]
+        *rest, (_, source, value) = given
+        sources.origin[key] = source
+        # a lower source that says the same thing was not overridden
+        beaten = tuple(g for g in reversed(rest) if _shown(g[2]) != _shown(value))
+        if beaten:
+            sources.overrides.append(Override(_written(key), value, source, beaten))
+    if path:
+        sources.data["config"] = path  # the file read, whichever source named it
+        if config_file and from_env and from_env != path:
+            lost = (("env", "GATEWAY_CONFIG", from_env),)
+            sources.overrides.insert(0, Override("config", path, file_flag, lost))
+    return sources
+
+
 def load(
     config_file: str | Path | None = None,
     flags: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """File, then flags, then environment. Raises ValidationError listing every problem."""
-    data: dict[str, Any] = {}
-    environ = os.environ if environ is None else environ
-    config_file = config_file or environ.get("GATEWAY_CONFIG")
-    if config_file:
-        data = read_file(config_file)
-        data["config"] = str(config_file)
-    data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
-    data = _merge(data, _env_overrides(environ))
-    return Settings.model_validate(data)
+    """Flags over environment over file over defaults (gather()). Raises ValidationError
+    listing every problem."""
+    return gather(config_file, flags, environ).settings()
 
 
-def describe_errors(error: ValidationError) -> list[str]:
+def _leaves(data: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """{"nsqd": {"max_msg_size": 5}} -> {("nsqd", "max_msg_size"): 5}: the sources are
+    compared key by key, as they are merged."""
+    out: dict[tuple[str, ...], Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_leaves(value, (*prefix, key)))
+        else:
+            out[(*prefix, key)] = value
+    return out
+
+
+def _written(key: Sequence[str | int]) -> str:
+    """A model path as the file writes it: ("http_settings", "auth_token") -> http.auth_token."""
+    where = ".".join(str(p) for p in key)
+    for table, (settings, _) in _SPLIT_TABLES.items():
+        if where.startswith(settings):
+            where = table + where.removeprefix(settings)
+    return where
+
+
+def _shown(value: Any) -> str:
+    """A value as a file or a variable spells it: the environment's "5" and a file's 5 are
+    the same setting, not two that disagree. Passwords in URLs are hidden."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (list, tuple)):
+        text = ",".join(_shown(v) for v in value)
+    else:
+        text = str(value)
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def describe_errors(error: ValidationError, sources: Sources | None = None) -> list[str]:
+    """One line per problem, the key's path first; with `sources`, a value that came from
+    the environment or a flag names it (the file is not where to look for it)."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(file)"
-        for table, (settings, _) in _SPLIT_TABLES.items():
-            if where.startswith(settings):
-                where = table + where.removeprefix(settings)  # as the file writes it
+        where = _written(item["loc"]) or "(file)"
         # pydantic prefixes a validator's own message with "Value error, "
         message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {message}")
+        origin = _origin(sources, item["loc"]) if sources else None
+        if sources and origin == sources.file:
+            origin = None  # from the file: every line already says which one
+        lines.append(f"{where}: {message}" + (f" (from {origin})" if origin else ""))
     return lines
+
+
+def _origin(sources: Sources, loc: Sequence[str | int]) -> str | None:
+    """The source of the longest path an error's location starts with."""
+    for end in range(len(loc), 0, -1):
+        found = sources.origin.get(tuple(str(p) for p in loc[:end]))
+        if found is not None:
+            return found
+    return None

@@ -34,11 +34,14 @@ def run_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 async def _start(
-    *args: str, env: dict[str, str] | None = None, marker: bytes = b"listening protocol="
+    *args: str,
+    env: dict[str, str] | None = None,
+    marker: bytes = b"listening protocol=",
+    seen: list[str] | None = None,
 ) -> tuple[trio.Process, str]:
-    """Start `gateway serve ...` and return it with the first line holding `marker`. Unless
-    the arguments name a store, the durable store goes to a fresh directory, never to the
-    repository's ./data."""
+    """Start `gateway serve ...` and return it with the first line holding `marker` (every
+    line read until then goes to `seen`). Unless the arguments name a store, the durable
+    store goes to a fresh directory, never to the repository's ./data."""
     if "--store" not in args and "--data-dir" not in args:
         args = (*args, "--data-dir", tempfile.mkdtemp(prefix="gateway-cli-"))
     proc = await trio.lowlevel.open_process(
@@ -55,6 +58,8 @@ async def _start(
             assert chunk, f"gateway exited: {buf.decode()}"
             buf += chunk
     line = next(ln for ln in buf.decode().splitlines() if marker.decode() in ln)
+    if seen is not None:
+        seen.extend(buf.decode().splitlines())
     return proc, line
 
 
@@ -94,33 +99,72 @@ async def test_port_zero_prints_the_real_address_and_sigterm_exits_zero() -> Non
         assert await _stop(proc) == 0
 
 
-async def test_environment_overrides_flags_and_file(tmp_path: Path) -> None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> None:
+    """Issue 27: `GATEWAY_NSQ=127.0.0.1:A gateway serve --nsq 127.0.0.1:B` bound A without a
+    word. The flag's port is bound, the environment's message size beats the file's, and
+    the log names each setting the sources disagree on."""
+    flag_port, env_port, file_port = _free_port(), _free_port(), _free_port()
     cfg = tmp_path / "gw.toml"
-    cfg.write_text('nsq = "127.0.0.1:1"\n[nsqd]\nmax_msg_size = 5\n')
-    # the file says port 1 and 5-byte messages; the flag says port 0; the env says 3 bytes
+    cfg.write_text(f'nsq = "127.0.0.1:{file_port}"\n[nsqd]\nmax_msg_size = 5\n')
+    seen: list[str] = []
     proc, line = await _start(
         "--config",
         str(cfg),
         "--nsq",
-        "127.0.0.1:0",
+        f"127.0.0.1:{flag_port}",
         env={
+            "GATEWAY_NSQ": f"127.0.0.1:{env_port}",
             "GATEWAY_NSQD__MAX_MSG_SIZE": "3",
             "GATEWAY_BEANSTALK": "off",
             "GATEWAY_HTTP": "off",
             "GATEWAY_NATS": "off",
             "GATEWAY_NATS_ROUTE": "off",
+            "GATEWAY_ROCKETMQ": "off",
         },
+        seen=seen,
     )
     try:
-        port = int(line.rsplit(":", 1)[1])
-        assert port != 1
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        assert line == f"listening protocol=nsq address=127.0.0.1:{flag_port}"
+        stream = await trio.open_tcp_stream("127.0.0.1", flag_port)
         await stream.send_all(b"  V2PUB cli_t\n" + be32(4) + b"four")
         with trio.fail_after(5):
             reply = await stream.receive_some(100)
         assert reply.endswith(b"E_BAD_MESSAGE PUB message too big 4 > 3")
+        await stream.aclose()
+        sources = [ln.split(" gateway.config: ", 1)[1] for ln in seen if " gateway.config: " in ln]
+        assert sources == [
+            f"nsq = 127.0.0.1:{flag_port} from --nsq (overrides GATEWAY_NSQ=127.0.0.1:{env_port}"
+            f" and 127.0.0.1:{file_port} in {cfg})",
+            f"nsqd.max_msg_size = 3 from GATEWAY_NSQD__MAX_MSG_SIZE (overrides 5 in {cfg})",
+        ], seen
     finally:
         assert await _stop(proc) == 0
+
+
+def test_check_config_reads_the_environment_and_names_what_it_changes(tmp_path: Path) -> None:
+    """What `serve --config FILE` would run: the file with GATEWAY_* over it. A setting the
+    environment changes is one line; a bad value from it names the variable."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('nsq = "127.0.0.1:4150"\n[broker]\nmax_attempts = 5\n')
+    env = {**os.environ, "GATEWAY_NSQ": "0.0.0.0:4150", "GATEWAY_BROKER__MAX_ATTEMPTS": "5"}
+    result = run_gateway("check-config", str(cfg), env=env)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines() == [
+        f"{cfg}: nsq = 0.0.0.0:4150 from GATEWAY_NSQ (overrides 127.0.0.1:4150 in {cfg})",
+        f"{cfg}: ok",
+    ]
+    result = run_gateway("check-config", str(cfg), env={**env, "GATEWAY_NATS": "nowhere"})
+    assert result.returncode == 1
+    assert (
+        f"{cfg}: nats: address must be host:port or 'off', got 'nowhere' (from GATEWAY_NATS)"
+        in result.stdout.splitlines()
+    ), result.stdout
 
 
 async def test_off_disables_a_listener() -> None:
