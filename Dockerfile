@@ -2,9 +2,11 @@
 # The gateway as a small non-root image:
 #   docker build -t mq-gateway .
 #   docker run --rm -p 4150:4150 -p 4151:4151 -p 11300:11300 -v gateway-data:/var/lib/gateway mq-gateway
-# Arguments after the image name are `gateway serve` flags (--log-level debug, --store URL, ...).
+# Arguments after the image name are `gateway serve` flags (--log-level debug, --store URL,
+# --nats off, ...); flags beat GATEWAY_* variables, which beat the config file.
 # tests/deploy/test_image_install.py runs this file's install commands in a fresh venv and
-# starts the result with this file's environment: keep the RUN and ENV lines plain.
+# starts the result with this file's environment and config: keep the RUN, COPY and ENV
+# lines plain.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -27,21 +29,17 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/gateway \
     && /opt/gateway/bin/pip install --no-cache-dir --no-index --find-links=/wheels mq-gateway
 
-# Inside a container every listener binds all interfaces (the defaults, 127.0.0.1, suit a
-# sidecar process). These variables override the config file: a pod that wants a listener
-# on loopback only sets it in its own environment (deploy/kubernetes/sidecar does).
+# The image's settings (every listener on all interfaces, the data dir in the volume) are a
+# config file, not GATEWAY_* variables: the lowest explicit source, so `docker run IMAGE
+# --nats off`, `-e GATEWAY_NATS=off` and a `--config` file of one's own all take effect. A
+# --config file replaces this one whole (it names its own listeners and data_dir).
 # RocketMQ clients dial the address routes name: set GATEWAY_ROCKETMQ_BROKER__ADVERTISE to
 # the pod's or host's reachable IPv4 host:port (unset, routes name 127.0.0.1, with a warning).
+COPY config/image.toml /opt/gateway/etc/gateway.toml
 ENV PATH=/opt/gateway/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    GATEWAY_DATA_DIR=/var/lib/gateway \
-    GATEWAY_NSQ=0.0.0.0:4150 \
-    GATEWAY_HTTP=0.0.0.0:4151 \
-    GATEWAY_BEANSTALK=0.0.0.0:11300 \
-    GATEWAY_NATS=0.0.0.0:4222 \
-    GATEWAY_NATS_ROUTE=0.0.0.0:6222 \
-    GATEWAY_ROCKETMQ=0.0.0.0:9876
+    GATEWAY_CONFIG=/opt/gateway/etc/gateway.toml
 
 # NSQ TCP, HTTP (nsqd/nsqlookupd API, /metrics, /health, /ready, admin page), beanstalkd,
 # NATS client, NATS cluster route, RocketMQ nameserver

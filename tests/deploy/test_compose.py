@@ -8,8 +8,9 @@ from typing import Any
 
 import yaml
 
+from gateway import config
 from gateway.stores import check_store_url
-from tests.deploy.support import DEPLOY, ROOT
+from tests.deploy.support import DEPLOY, ROOT, dockerfile_stages, env_pairs
 
 COMPOSE = DEPLOY / "compose.yaml"
 
@@ -52,6 +53,23 @@ def test_both_gateways_share_one_redis_database() -> None:
     check_store_url(stores.pop())
     redis = doc["services"]["redis"]["command"]
     assert redis[redis.index("--appendfsync") + 1] == "always"
+
+
+def test_the_gateways_run_as_the_comment_says() -> None:
+    """As a gateway container gets its settings: the image's config file (through the
+    image's GATEWAY_CONFIG), the service's environment over it. Every listener on all
+    interfaces and the data in the volume come from the image's file; NATS routes are off
+    and the store is Redis because the environment beats that file."""
+    _, final = dockerfile_stages()
+    image_env = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
+    (copy,) = [a.split() for a in final.all("COPY") if a.split()[-1] == image_env["GATEWAY_CONFIG"]]
+    for service in _gateways(_compose()["services"]).values():
+        assert "command" not in service  # no flag over the environment
+        environ = {**image_env, "GATEWAY_CONFIG": str(ROOT / copy[0])}
+        settings = config.load(None, environ=environ | service["environment"])
+        assert (settings.nsq, settings.http) == ("0.0.0.0:4150", "0.0.0.0:4151")
+        assert (settings.nats_route, settings.store) == ("off", "redis://redis:6379/0")
+        assert settings.data_dir == "/var/lib/gateway"
 
 
 def test_prometheus_scrapes_both_gateways_with_the_rules_mounted() -> None:

@@ -1,5 +1,6 @@
 """config/*.toml: every example passes `gateway check-config`; a broken one fails naming the
-key's path; the environment overrides an example as the files' comments say."""
+key's path; the environment overrides an example, and a flag both, as the files' comments
+say."""
 
 from __future__ import annotations
 
@@ -65,3 +66,22 @@ def test_environment_overrides_the_example(path: Path) -> None:
     assert settings.broker.max_attempts == 7
     assert settings.nats_routing.imports == ["a.>", "b"]
     assert settings.data_dir == "/var/lib/gateway"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_a_flag_overrides_the_environment_and_the_example(path: Path) -> None:
+    environ = {"GATEWAY_NSQ": "0.0.0.0:14150", "GATEWAY_NATS": "off"}
+    flags = {"nsq": "127.0.0.1:24150", "data_dir": "/srv/gateway"}
+    settings = config.load(path, flags=flags, environ=environ)
+    assert (settings.nsq, settings.data_dir, settings.nats) == (
+        "127.0.0.1:24150",
+        "/srv/gateway",
+        "off",
+    )
+    # every example that states a precedence states this one
+    text = path.read_text()
+    if "Precedence:" in text:
+        stated = " ".join(text.split("Precedence:", 1)[1].split("#")).split(".")[0]
+        assert stated.index("flags") < stated.index("environment") < stated.index("this file"), (
+            stated
+        )

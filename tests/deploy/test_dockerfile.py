@@ -1,15 +1,20 @@
 """The Dockerfile: hadolint finds no error, and the image has what issue 13 asks of it
 (multi-stage, non-root, every port exposed, listeners on 0.0.0.0, the data dir a volume,
-`gateway serve` as the entrypoint). The image itself is not built here (no container
+`gateway serve` as the entrypoint), set in its config file so that flags and the
+environment override them (issue 27). The image itself is not built here (no container
 engine); tests/deploy/test_image_install.py runs what it installs."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+from pathlib import Path
 
+from gateway import config
 from tests.deploy.support import (
     DOCKERFILE,
+    ROOT,
     dockerfile_stages,
     dockerignore_patterns,
     env_pairs,
@@ -22,14 +27,26 @@ from tests.deploy.support import (
 DEFAULT_PORTS = {4150, 4151, 11300, 4222, 6222, 9876}
 # the listener settings inside the container and the port each one defaults to
 LISTENERS = {
-    "GATEWAY_NSQ": 4150,
-    "GATEWAY_HTTP": 4151,
-    "GATEWAY_BEANSTALK": 11300,
-    "GATEWAY_NATS": 4222,
-    "GATEWAY_NATS_ROUTE": 6222,
-    "GATEWAY_ROCKETMQ": 9876,
+    "nsq": 4150,
+    "http": 4151,
+    "beanstalk": 11300,
+    "nats": 4222,
+    "nats_route": 6222,
+    "rocketmq": 9876,
 }
 DATA_DIR = "/var/lib/gateway"
+
+
+def _image_env() -> dict[str, str]:
+    _, final = dockerfile_stages()
+    return dict(pair for args in final.all("ENV") for pair in env_pairs(args))
+
+
+def _image_config() -> Path:
+    """The repository file the final stage copies to where GATEWAY_CONFIG points."""
+    _, final = dockerfile_stages()
+    copies = {shlex.split(args)[-1]: shlex.split(args)[0] for args in final.all("COPY")}
+    return ROOT / copies[_image_env()["GATEWAY_CONFIG"]]
 
 
 def _hadolint(text: str) -> tuple[int, str]:
@@ -57,7 +74,8 @@ def test_two_stages_and_no_compiler_in_the_final_one() -> None:
     assert "from=build" in runs and "--no-index" in runs  # installed from stage 1's wheels only
     for compiler in ("gcc", "build-essential", "apt-get install", "g++", "rustc"):
         assert compiler not in runs
-    assert not final.all("COPY"), "the final stage takes nothing but the wheels (a bind mount)"
+    # nothing but the wheels (a bind mount) and the image's config file
+    assert final.all("COPY") == ["config/image.toml /opt/gateway/etc/gateway.toml"]
 
 
 def test_runs_as_a_non_root_user() -> None:
@@ -76,16 +94,27 @@ def test_exposes_every_default_port() -> None:
 
 
 def test_listeners_bind_every_interface() -> None:
-    _, final = dockerfile_stages()
-    env = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
+    settings = config.load(_image_config(), environ={})
     for name, port in LISTENERS.items():
-        assert env[name] == f"0.0.0.0:{port}", name
+        assert getattr(settings, name) == f"0.0.0.0:{port}", name
+
+
+def test_the_image_sets_its_defaults_in_its_config_file_not_its_environment() -> None:
+    """Issue 27: GATEWAY_NSQ=... in the image's ENV beat every config file a user mounted
+    (and, before flags won over the environment, `docker run IMAGE --nats off` too)."""
+    env = _image_env()
+    assert sorted(k for k in env if k.startswith("GATEWAY_")) == ["GATEWAY_CONFIG"]
+    # the image as it starts: its file, found through GATEWAY_CONFIG (here, the repository's
+    # copy), then `docker run -e GATEWAY_NATS_ROUTE=off IMAGE --nats off`
+    env = {**env, "GATEWAY_CONFIG": str(_image_config()), "GATEWAY_NATS_ROUTE": "off"}
+    settings = config.load(None, {"nats": "off"}, env)
+    assert (settings.nats, settings.nats_route) == ("off", "off")
+    assert (settings.nsq, settings.data_dir) == ("0.0.0.0:4150", DATA_DIR)
 
 
 def test_the_data_dir_is_a_volume() -> None:
     _, final = dockerfile_stages()
-    env = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
-    assert env["GATEWAY_DATA_DIR"] == DATA_DIR
+    assert config.load(_image_config(), environ={}).data_dir == DATA_DIR
     volumes = [v for args in final.all("VOLUME") for v in json.loads(args)]
     assert volumes == [DATA_DIR]
     assert f"chown gateway:gateway {DATA_DIR}" in " ".join(final.all("RUN"))

@@ -5,9 +5,11 @@ the Dockerfile, run in a temporary directory that stands in for the image's file
 * stage 1's COPY and RUN lines build the wheels;
 * the final stage's RUN lines make a fresh venv from those wheels alone (the user-creation
   line is the one skipped: it needs root and changes this machine);
-* `gateway serve` (the ENTRYPOINT, found on the image's PATH) starts with the image's ENV,
-  every listener answers on the address the environment gave it, and SIGTERM stops it
-  with exit status 0 within 10 s.
+* `gateway serve` (the ENTRYPOINT, found on the image's PATH) starts with the image's ENV
+  and the config file the final stage copies in, every listener answers on the address
+  that file gives it, and SIGTERM stops it with exit status 0 within 10 s;
+* `docker run IMAGE --nats off` turns the NATS listener off (issue 27: the image's ENV
+  used to beat such flags).
 
 The image's paths (/src, /wheels, /opt/gateway, /var/lib/gateway) map to the temporary
 directory, and the listeners' fixed ports to port 0 (this machine runs other tests at the
@@ -27,6 +29,7 @@ import struct
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -38,12 +41,12 @@ IMAGE_PATHS = ("/src", "/wheels", "/opt/gateway", "/var/lib/gateway")
 SKIPPED_RUN = re.compile(r"^(groupadd|useradd) ")
 # listener setting -> the protocol name of its `listening` line
 LISTENERS = {
-    "GATEWAY_NSQ": "nsq",
-    "GATEWAY_HTTP": "http",
-    "GATEWAY_BEANSTALK": "beanstalk",
-    "GATEWAY_NATS": "nats",
-    "GATEWAY_NATS_ROUTE": "nats-route",
-    "GATEWAY_ROCKETMQ": "rocketmq",
+    "nsq": "nsq",
+    "http": "http",
+    "beanstalk": "beanstalk",
+    "nats": "nats",
+    "nats_route": "nats-route",
+    "rocketmq": "rocketmq",
 }
 STOP_WITHIN = 10.0  # seconds from SIGTERM to exit (issue 13)
 
@@ -152,6 +155,12 @@ def _install(tmp: Path) -> tuple[Image, dict[str, str], list[str], str]:
             assert mounted is None or mounted.is_dir(), mounted
             _run(image.map(command), workdir, env)
             ran += 1
+        elif keyword == "COPY":
+            # a file of the build context into the image (the image's config file)
+            source, dest = shlex.split(args)
+            target = image.path(dest)
+            target.parent.mkdir(parents=True, exist_ok=True)  # as COPY makes it
+            shutil.copy2(context / source, target)
         elif keyword == "ENV":
             for key, value in env_pairs(args):
                 env[key] = expand(image.map(value), env)
@@ -200,12 +209,21 @@ def test_the_image_install_serves_on_every_listener_and_stops_on_sigterm(
     executable = shutil.which(argv[0], path=env["PATH"])
     # the entrypoint is the venv's script, not some other `gateway` on this machine's PATH
     assert executable == str(image.path("/opt/gateway/bin") / argv[0]), executable
+    # the image's settings are its config file, not its environment (issue 27)
+    assert not {k for k in env if k.startswith("GATEWAY_")} - {"GATEWAY_CONFIG"}, env
+    image_config = Path(env["GATEWAY_CONFIG"])
+    settings = tomllib.loads(image_config.read_text())
+    assert settings["data_dir"] == "/var/lib/gateway"  # the image's volume
     expected = {}
     for name, protocol in LISTENERS.items():
-        host, _, port = env[name].rpartition(":")
-        assert host == "0.0.0.0", (name, env[name])
+        host, _, port = settings[name].rpartition(":")
+        assert host == "0.0.0.0", (name, settings[name])
         expected[protocol] = int(port)
-        env[name] = f"{host}:0"
+        settings[name] = f"{host}:0"
+    # the stand-in: paths mapped, ports 0; the file is flat (top-level strings), so it is
+    # written back as it was read
+    settings["data_dir"] = image.map(settings["data_dir"])
+    image_config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     log = tmp_path / "gateway.log"
     with log.open("wb") as stderr:
         proc = subprocess.Popen(
@@ -240,12 +258,30 @@ def test_the_image_install_serves_on_every_listener_and_stops_on_sigterm(
                 reply.read()
             )
         # the data dir is the image's volume, not ./data
-        assert env["GATEWAY_DATA_DIR"] == str(image.path("/var/lib/gateway"))
+        assert (image.path("/var/lib/gateway") / "gateway.db").is_file()
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=STOP_WITHIN)
         assert time.monotonic() - started < STOP_WITHIN
         assert status == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # `docker run IMAGE --nats off`: the flag beats the image's config file
+    log = tmp_path / "gateway-nats-off.log"
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [executable, *argv[1:], "--nats", "off"],
+            cwd=workdir,
+            env=env,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        assert set(_listening(log, proc)) == set(expected) - {"nats"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=STOP_WITHIN) == 0, log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

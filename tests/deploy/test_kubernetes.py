@@ -127,17 +127,21 @@ LISTENERS = ("nsq", "http", "beanstalk", "nats", "nats_route", "rocketmq")
 
 @pytest.mark.parametrize("shape", ["sidecar", "bridge"])
 def test_the_pod_runs_only_the_listeners_its_config_asks_for(shape: str, tmp_path: Path) -> None:
-    """The image binds every listener to 0.0.0.0 and the environment beats the config
-    file: a listener the ConfigMap turns off stays on unless the pod turns it off too
-    (the sidecar's RocketMQ listener was open to the network in every pod). The
-    settings as the pod gets them: the image's environment, the pod's, the ConfigMap."""
+    """The settings as the pod gets them: the container's args (`--config`, which replaces
+    the image's own file), over the pod's environment and the image's, over the ConfigMap.
+    A listener the ConfigMap turns off stays off (the sidecar's RocketMQ listener was once
+    open to the network in every pod: the image's environment beat the file), only HTTP
+    leaves the sidecar's pod, and the queues are on the pod's data volume."""
     gateway = _gateway_container(_load(f"{shape}/deployment.yaml"))
     _, final = dockerfile_stages()
     environ = dict(pair for args in final.all("ENV") for pair in env_pairs(args))
     environ |= {e["name"]: e["value"] for e in gateway.get("env", [])}
     path = tmp_path / "gateway.toml"
     path.write_text(_load(f"{shape}/configmap.yaml")["data"]["gateway.toml"])
-    asked, running = config.load(path, environ={}), config.load(path, environ=environ)
+    args = gateway["args"]
+    assert args[0] == "--config" and len(args) == 2  # no other flag beats the pod's settings
+    running = config.load(path, environ=environ)
+    asked = config.load(path, environ={})
     for name in LISTENERS:
         if getattr(asked, name) == "off":
             value = getattr(running, name)
@@ -146,6 +150,9 @@ def test_the_pod_runs_only_the_listeners_its_config_asks_for(shape: str, tmp_pat
         for name in LISTENERS:
             value = getattr(running, name)
             assert name == "http" or value == "off" or value.startswith("127.0.0.1:"), (name, value)
+        assert running.http == "0.0.0.0:4151"  # the kubelet's probes reach it
+    mounts = {m["mountPath"] for m in gateway["volumeMounts"]}
+    assert running.data_dir in mounts, running.data_dir
 
 
 def test_bridge_service_reaches_the_bridge_ports_and_drains_first() -> None:
