@@ -43,7 +43,7 @@ ENV PATH=/opt/gateway/bin:$PATH \
 
 # NSQ TCP, HTTP (nsqd/nsqlookupd API, /metrics, /health, /ready, admin page), beanstalkd,
 # NATS client, NATS cluster route, RocketMQ nameserver
-EXPOSE 4150 4151 11300 4222 6222 9876
+EXPOSE 4150 4151 4152 11300 4222 6222 9876
 # the embedded durable store's files (--data-dir); mount a volume here to keep them
 VOLUME ["/var/lib/gateway"]
 WORKDIR /var/lib/gateway

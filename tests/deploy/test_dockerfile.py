@@ -22,13 +22,14 @@ from tests.deploy.support import (
     run_tool,
 )
 
-# every default listener port (gateway/config.py): NSQ, HTTP, beanstalkd, NATS, NATS route,
-# RocketMQ
-DEFAULT_PORTS = {4150, 4151, 11300, 4222, 6222, 9876}
+# every default listener port (gateway/config.py): NSQ, HTTP, HTTPS, beanstalkd, NATS, NATS
+# route, RocketMQ
+DEFAULT_PORTS = {4150, 4151, 4152, 11300, 4222, 6222, 9876}
 # the listener settings inside the container and the port each one defaults to
 LISTENERS = {
     "nsq": 4150,
     "http": 4151,
+    "https": 4152,
     "beanstalk": 11300,
     "nats": 4222,
     "nats_route": 6222,
