@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from gateway import __version__, config
 from gateway.app import Gateway
+from gateway.broker.errors import StoreUnavailable
 from gateway.pipeline import cli as pipeline_cli
-from gateway.stores import StoreError
 
 _LISTENER_FLAGS = (
     "nsq",
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         gateway = Gateway(settings)
         trio.run(_serve, gateway)
-    except* (OSError, StoreError) as group:
+    except* (OSError, StoreUnavailable) as group:
         # a port in use, an unreadable certificate, a data dir that cannot be used: one
         # line each, not a traceback (the listeners bind inside nurseries, so the error
         # arrives in a group)

@@ -20,9 +20,9 @@ from typing import Any
 
 import trio
 
+from gateway.broker.errors import StoreUnavailable
 from gateway.http.gocompat import QueryError, go_json, parse_query
 from gateway.metrics import Metrics
-from gateway.stores.base import StoreError
 
 log = logging.getLogger("gateway.http")
 
@@ -221,7 +221,7 @@ class Router:
             return await handler(request)
         except HTTPError as exc:
             return self._error(exc.status, exc.message)
-        except StoreError:
+        except StoreUnavailable:
             # the store cannot write (disk full, I/O error): nothing was acknowledged, the
             # client may retry; 503 as nsqd answers a publish it cannot take
             return self._error(503, "E_PUB_FAILED")

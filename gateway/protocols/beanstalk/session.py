@@ -20,12 +20,12 @@ from typing import Any
 import trio
 
 from gateway.broker import Consumer, Group, query
+from gateway.broker.errors import StoreUnavailable
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk.commands import TubeCommands
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
-from gateway.stores.base import StoreError
 from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd
 
 log = logging.getLogger("gateway.beanstalk")
@@ -225,7 +225,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         store, so does every other write committed before its reply)."""
         try:
             await self.server.broker.flush()
-        except StoreError:
+        except StoreUnavailable:
             out = self._out
             failed = _SHARED_WRITES if self.server.shared else (b"INSERTED",)
             for i in range(start, len(out)):
@@ -266,7 +266,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 ttr=float(event.ttr),
                 origin=self._origin,
             )
-        except StoreError:
+        except StoreUnavailable:
             # the store cannot write: refused before anything is queued, as beanstalkd
             # answers a put it cannot reserve binlog space for
             self._metrics.protocol_error("beanstalk", b"OUT_OF_MEMORY")

@@ -15,13 +15,13 @@ import logging
 import trio
 
 from gateway.broker import Broker, query
+from gateway.broker.errors import StoreUnavailable
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.headers import encode_headers, parse_headers
 from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
-from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subject, is_valid_subscription, matches
 from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
 
@@ -402,7 +402,7 @@ class NATSClientSession(QueuedWriter):
                 create=False,
                 publisher=self,
             )
-        except StoreError:
+        except StoreUnavailable:
             # a subject a queue keeps, and the store cannot write: nothing was queued; the
             # connection stays up (NATS publishes are at most once)
             self._error("Store Unavailable")

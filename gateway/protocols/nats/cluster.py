@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from gateway.broker import Broker, query
+from gateway.broker.errors import StoreUnavailable
 from gateway.config import parse_route_url
 from gateway.metrics import Metrics
 from gateway.protocols.nats import route_codec as rc
@@ -29,7 +30,6 @@ from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.headers import parse_headers
 from gateway.protocols.nats.route_session import ACCOUNT, RouteSession
 from gateway.protocols.nats.server import VERSION
-from gateway.stores.base import StoreError
 from gateway.subjects import SubjectIndex, is_valid_subscription
 from gateway.tcp import peer_name
 
@@ -354,7 +354,7 @@ class Cluster:
             return
         try:
             self._publish_routed(route, msgs)
-        except StoreError as exc:
+        except StoreUnavailable as exc:
             # at most once, as on any NATS path: dropped, counted, logged once per failure
             self.metrics.protocol_error("nats-route", "store_unavailable")
             log.debug("route %s: %d messages dropped: %s", route.origin, len(msgs), exc)

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gateway.broker.errors import StoreUnavailable
 from gateway.model import Message
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.headers import encode_headers
-from gateway.stores.base import StoreError
 from gateway.subjects import is_valid_subscription
 from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
 
@@ -179,7 +179,7 @@ class RouteSession(QueuedWriter):
             if self._received_messages:
                 # at-most-once for NATS, but a durable store still commits in groups
                 self._received_messages = False
-                with contextlib.suppress(StoreError):  # at most once: nothing to answer
+                with contextlib.suppress(StoreUnavailable):  # at most once: nothing to answer
                     await broker.flush()
             if not ok:
                 return

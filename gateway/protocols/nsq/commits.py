@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.broker.errors import StoreUnavailable
 from gateway.protocols.nsq.codec import DPUB_OK_FRAME, MPUB_OK_FRAME, OK_FRAME, error_frame
-from gateway.stores.base import StoreError
 
 if TYPE_CHECKING:
     from gateway.protocols.nsq.session import NSQSession
@@ -39,7 +39,9 @@ _LAST_WORDS = 5.0
 _PUBLISHED_BY = {id(OK_FRAME): "PUB", id(MPUB_OK_FRAME): "MPUB", id(DPUB_OK_FRAME): "DPUB"}
 
 
-def withdraw_oks(out: list[bytes], start: int, exc: StoreError, command: str = "PUB") -> bytes:
+def withdraw_oks(
+    out: list[bytes], start: int, exc: StoreUnavailable, command: str = "PUB"
+) -> bytes:
     """A commit failed: every OK queued in `out` from `start` on is taken back (their
     publishes may not be stored); returns nsqd's fatal error to send instead (nsqd
     closes the connection after it), named for the first publish taken back, else for
@@ -63,7 +65,7 @@ class _Ticket:
     def __init__(self, frames: int) -> None:
         self.frames = frames  # of the outbox, after the earlier tickets' frames
         self.done = False
-        self.error: StoreError | None = None
+        self.error: StoreUnavailable | None = None
 
 
 class Commits:
@@ -93,7 +95,7 @@ class Commits:
     async def _commit(self, ticket: _Ticket) -> None:
         try:
             await self._session.server.broker.flush()
-        except StoreError as exc:
+        except StoreUnavailable as exc:
             ticket.error = exc
         ticket.done = True
         await self._release()
@@ -122,7 +124,7 @@ class Commits:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             s._cancel.cancel()  # the peer went away: the session ends quietly
 
-    def _fail(self, exc: StoreError) -> None:
+    def _fail(self, exc: StoreUnavailable) -> None:
         """No OK of this ticket or a later one goes out; nsqd's E_PUB_FAILED does, and
         nothing after it (nsqd closes the connection too)."""
         s = self._session

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import trio
 
 from gateway.broker import Consumer, Group
+from gateway.broker.errors import StoreUnavailable
 from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.auth import AuthState
 from gateway.protocols.nsq.codec import (
@@ -39,7 +40,6 @@ from gateway.protocols.nsq.consuming import Consuming
 from gateway.protocols.nsq.handshake import Handshake, _Close
 from gateway.protocols.nsq.names import is_ephemeral
 from gateway.protocols.nsq.server import NSQServer
-from gateway.stores.base import StoreError
 from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd, try_read
 
 log = logging.getLogger("gateway.nsq")
@@ -212,7 +212,7 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         out = self._out
         start = len(out)
         published = False
-        failed: StoreError | None = None
+        failed: StoreUnavailable | None = None
         got_command = False
         delivered = self.message_count
         self._holding = True
@@ -294,7 +294,7 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 # Group commit: one store flush acknowledges every publish of this batch.
                 try:
                     await self.server.broker.flush()
-                except StoreError as exc:
+                except StoreUnavailable as exc:
                     failed = exc
             self._holding = False
             out_at_start = out
@@ -348,11 +348,11 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 origin=self._origin,
                 ephemeral=is_ephemeral(topic),
             )
-        except StoreError as exc:
+        except StoreUnavailable as exc:
             self._pub_failed(len(self._out), exc, command)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
-    def _pub_failed(self, start: int, exc: StoreError, command: str = "PUB") -> None:
+    def _pub_failed(self, start: int, exc: StoreUnavailable, command: str = "PUB") -> None:
         """The store cannot write: no OK of this batch goes out, and the client gets
         nsqd's fatal E_PUB_FAILED (E_MPUB_FAILED, E_DPUB_FAILED; nsqd closes the
         connection after it too)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import trio
 
+from gateway.broker.errors import StoreUnavailable
 from gateway.protocols.rocketmq import requests as rq
 from gateway.protocols.rocketmq.codec import (
     RemotingCodec,
@@ -33,7 +34,6 @@ from gateway.protocols.rocketmq.events import ProtocolError, Request
 from gateway.protocols.rocketmq.mapping import valid_topic
 from gateway.protocols.rocketmq.produce import PendingSend, ProduceRequests
 from gateway.protocols.rocketmq.server import RocketMQServer
-from gateway.stores.base import StoreError
 from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
 
 log = logging.getLogger("gateway.rocketmq")
@@ -159,7 +159,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         if sends:
             try:
                 await self.server.broker.flush()
-            except StoreError as exc:
+            except StoreUnavailable as exc:
                 answers += [self._store_failed(send, exc) for send in sends]
             else:
                 answers += [send.frame for send in sends]
@@ -176,7 +176,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
             answer = handler(request)
         except rq.BadRequest as exc:
             answer = self.error(request, exc.code, exc.remark)
-        except StoreError as exc:
+        except StoreUnavailable as exc:
             answer = self.error(
                 request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
             )
@@ -204,7 +204,7 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
             request.opaque, ext_fields=ext, body=body, serialize_type=request.serialize_type
         )
 
-    def _store_failed(self, send: PendingSend, exc: StoreError) -> bytes:
+    def _store_failed(self, send: PendingSend, exc: StoreUnavailable) -> bytes:
         return self.error(
             send.request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
         )
