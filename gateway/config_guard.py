@@ -156,10 +156,11 @@ class LimitsSettings(_Section):
     # beanstalkd and nats-server: a sidecar sees every client from 127.0.0.1, and a
     # fleet behind NAT comes from one address)
     max_connections_per_ip: int = Field(0, ge=0)
-    # bytes queued for one NATS client before it is cut off as a slow consumer (the
-    # smaller of this and nats_server.max_pending)
+    # bytes queued for one NATS client that its socket has not taken, before it is cut
+    # off as a slow consumer (the smaller of this and nats_server.max_pending); past 3/4
+    # of it, its publishers stall (gateway/stall.py)
     max_pending_bytes: int = Field(64 * 1024 * 1024, ge=65536)
-    # bytes queued for all NATS clients together; past it, a client with more than
+    # the same for all NATS clients together; past it, a client with more than
     # max_pending_bytes / 64 waiting is cut off as a slow consumer
     max_buffered_bytes: int = Field(1024 * 1024 * 1024, ge=1024 * 1024)
     # microseconds of commands one connection may run before the others get their turn:

@@ -10,9 +10,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from gateway.stall import Stall
 
 log = logging.getLogger("gateway")
 
@@ -296,6 +299,12 @@ class Buffered:
     limit: int
     share: int
     total: int = 0
+    # past this, publishers feeding a connection with over 3/4 of `share` waiting stall
+    # for it (see Stall), as they do for one over 3/4 of its own bound
+    stall_at: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stall_at = self.limit // 4 * 3
 
     @classmethod
     def unbounded(cls) -> Buffered:
@@ -306,6 +315,9 @@ class Buffered:
 # The most one write joins: output queued faster than the client reads (RDY x a large
 # message size) is sent in pieces of about this much, not copied into one buffer at once.
 _WRITE_SIZE = 256 * 1024
+# A TLS send blocked on its socket is made in slices of this much, each counted down from
+# the session's bounds once sent (a plain TCP one is counted down write by write).
+_TLS_SLICE = 65536
 
 
 class QueuedWriter:
@@ -322,9 +334,12 @@ class QueuedWriter:
     * `_write_queued` writes the queue from synchronous code (the end of another
       connection's batch), the rest left to `_writer`.
 
-    The bytes queued count in `_pending` (and the listener's `_buffered`) until written,
-    so a send blocked by a client that does not read still counts against the session's
-    bounds; a send that waits past `_write_deadline` ends the connection.
+    The bytes queued count in `_pending` (and the listener's `_buffered`) until the
+    socket takes them: a send blocked by a client that does not read counts down write
+    by write (`_count_down`), so what the session's bounds measure is what the client has
+    not accepted yet, not a batch that is mostly on its way; a send that waits past
+    `_write_deadline` ends the connection. A session whose `_pending` passes its
+    `_stall_mark()` has its publishers wait for it (Stall, `_drained`).
 
     One sender at a time (`_sending`, a flag: acquiring a trio.Lock is a checkpoint even
     when nobody holds it); a sender loops until the queue is empty, so a flush that finds
@@ -357,6 +372,11 @@ class QueuedWriter:
     _blocked = False  # a send is waiting for the socket now
     _blocked_sends = 0  # sends that had to wait for the socket, and finished
     _idle: trio.Event | None = None  # set when the sender under way is done (_settle)
+    # set (and dropped) when `_pending` falls back under `_stall_mark()`: the publishers
+    # stalled for this session wait on it (Stall)
+    _drained: trio.Event | None = None
+    # a publishing session's own stall (NATS and NSQ clients); None: it never waits
+    _stall: Stall | None = None
     # a send that waits longer than this for the socket ends the connection (nats-server's
     # write_deadline); inf: it may wait for ever (the session's byte bounds cut it instead)
     _write_deadline = math.inf
@@ -392,18 +412,16 @@ class QueuedWriter:
                     chunks, self._out = self._out[:gate], self._out[gate:]
                     self._gate = 0
                     pending = min(self._pending, sum(map(len, chunks)))
+                # Counted down as the socket takes them, not when taken from the queue:
+                # what a blocked send still holds counts against the slow-consumer bounds
+                # (else a client that stops reading could pin twice its bound: one batch
+                # in the send, as much again queued behind it), and what the client has
+                # accepted does not (else a reader is cut off for a burst on its way).
                 if pending <= _WRITE_SIZE:
-                    rest = self._write_now(b"".join(chunks))
-                    if rest is not None:
-                        await self._send_all(rest)
+                    pending = await self._write(b"".join(chunks), pending)
                 else:
-                    await self._write_pieces(chunks)
-                # Counted down once written, not when taken: what a blocked send still
-                # holds counts against the slow-consumer bounds, as in nats-server's
-                # pending bytes; else a client that stops reading could pin twice its
-                # bound (one batch in the send, as much again queued behind it).
-                self._buffered.total -= pending
-                self._pending -= pending
+                    pending = await self._write_pieces(chunks, pending)
+                self._count_down(pending)  # (nothing, unless the bytes were encoded)
         finally:
             self._sending = False
             idle = self._idle
@@ -411,17 +429,57 @@ class QueuedWriter:
                 self._idle = None
                 idle.set()
 
-    async def _write_pieces(self, chunks: list[bytes]) -> None:
+    async def _write_pieces(self, chunks: list[bytes], counted: int) -> int:
         # Bodies in the queue are shared with the broker's; joining them all would copy
         # up to RDY x max-msg-size at once: bounded pieces instead.
         start = size = 0
         for i, chunk in enumerate(chunks):
             size += len(chunk)
             if size >= _WRITE_SIZE or i == len(chunks) - 1:
-                rest = self._write_now(b"".join(chunks[start : i + 1]))
-                if rest is not None:
-                    await self._send_all(rest)
+                counted = await self._write(b"".join(chunks[start : i + 1]), counted)
                 start, size = i + 1, 0
+        return counted
+
+    async def _write(self, data: bytes, counted: int) -> int:
+        """Write `data`, of which `counted` bytes (at most) count in `_pending`: they are
+        counted down as the socket takes them (the first bytes taken count first: the
+        uncounted ones are a session's small replies). Returns what is left of
+        `counted` past `data`."""
+        size = len(data)
+        rest = self._write_now(data)
+        if self._encode is not None:
+            # what leaves is the encoded stream: the frames count down once all is sent
+            if rest is not None:
+                await self._send_all(rest)
+            taken = min(size, counted)
+            self._count_down(taken)
+            return counted - taken
+        taken = min(size if rest is None else size - len(rest), counted)
+        if taken:
+            self._count_down(taken)
+        counted -= taken
+        if rest is not None:
+            counted = await self._send_all(rest, counted)
+        return counted
+
+    def _count_down(self, taken: int) -> None:
+        self._pending -= taken
+        self._buffered.total -= taken
+        if self._drained is not None and self._pending <= self._stall_mark():
+            self._unstall()
+
+    def _stall_mark(self) -> int:
+        """The `_pending` past which this session's publishers stall (Stall): never,
+        unless its protocol says otherwise."""
+        return 1 << 62
+
+    def _unstall(self) -> None:
+        """The publishers stalled for this session go on: it has drained to its mark,
+        or it ends."""
+        drained = self._drained
+        if drained is not None:
+            self._drained = None
+            drained.set()
 
     def _write_now(self, data: bytes) -> bytes | memoryview | None:
         """Encode and count `data`, and write what the socket takes at once (plain TCP:
@@ -437,11 +495,27 @@ class QueuedWriter:
             return None  # the common case: the socket buffer took it all
         return memoryview(data)[sent:]
 
-    async def _send_all(self, data: bytes | memoryview) -> None:
+    async def _send_all(self, data: bytes | memoryview, counted: int = 0) -> int:
+        """Send what the socket did not take at once, waiting for it; up to `counted`
+        of these bytes are counted down as they leave. Returns the rest of `counted`."""
         self._blocked = True
         try:
             with trio.move_on_after(self._write_deadline) as waited:
-                await self.stream.send_all(data)
+                view = memoryview(data)
+                fd = self._fd
+                while view:
+                    if fd is not None:
+                        await trio.lowlevel.wait_writable(fd)
+                        sent = try_write(fd, view)
+                    else:  # TLS: through the stream, a slice at a time
+                        piece = view[:_TLS_SLICE]
+                        await self.stream.send_all(piece)
+                        sent = len(piece)
+                    view = view[sent:]
+                    if counted and sent:
+                        taken = min(sent, counted)
+                        counted -= taken
+                        self._count_down(taken)
             if waited.cancelled_caught:
                 self._write_stalled()
                 # part of a frame may have left: nothing can follow it on this connection
@@ -449,6 +523,7 @@ class QueuedWriter:
         finally:
             self._blocked = False
             self._blocked_sends += 1
+        return counted
 
     def _write_stalled(self) -> None:
         """A send waited past `_write_deadline`; the connection ends. A session whose
@@ -490,3 +565,5 @@ class QueuedWriter:
             self._pending = len(rest)
             self._buffered.total += self._pending
             self._wake.set()
+        if self._drained is not None and self._pending <= self._stall_mark():
+            self._unstall()

@@ -22,6 +22,7 @@ from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.headers import encode_headers, parse_headers
 from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import VERSION, NATSServer
+from gateway.stall import Stall
 from gateway.subjects import is_valid_subject, is_valid_subscription, matches
 from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
 
@@ -87,7 +88,7 @@ class Subscription:
         if topic != self._topic:
             self._topic = topic
             self._names = cc.msg_names(topic, self.sid)
-        session.send_message(self._names, message)
+        session.send_message(self._names, message, publisher)
         if self.max_msgs is not None and self.delivered >= self.max_msgs:
             session.drop(self)
         return True
@@ -118,6 +119,9 @@ class NATSClientSession(QueuedWriter):
         self._out: list[bytes] = []
         self._pending = 0
         self._buffered = server.buffered
+        # past this, the publishers feeding it stall (nats-server's c.out.mp/4*3)
+        self._stall_at = server.max_pending // 4 * 3
+        self._stall = Stall()  # its own wait, as a publisher
         self._write_deadline = server.write_deadline
         self._sending = False
         self._wake = trio.Event()
@@ -156,6 +160,7 @@ class NATSClientSession(QueuedWriter):
             self._fd = None  # never write to a descriptor number that may be reused
             self._buffered.total -= self._pending  # what it never got is freed with it
             self._pending = 0
+            self._unstall()  # no publisher waits for it any more
             server.sessions.discard(self)
             for sub in list(self.subs.values()):
                 self.drop(sub)
@@ -249,10 +254,12 @@ class NATSClientSession(QueuedWriter):
 
     async def _reader(self) -> None:
         bytes_in = self._metrics.bytes_in.labels("nats")
+        stall = self._stall
         while True:
             data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
             if not data:
                 return
+            stall.spent = 0.0  # its stall budget is per receive, as nats-server's per read
             self._heard = True
             bytes_in.inc(len(data))
             self.codec.receive_data(data)
@@ -278,6 +285,8 @@ class NATSClientSession(QueuedWriter):
                         await self._flush()
                     else:
                         self._wake.set()
+                if stall.sessions:  # it fed some subscriber faster than that one reads
+                    await stall.wait()
                 if outcome is _DONE:
                     break
                 # its turn is over (Turn): everyone else runs before the rest of the buffer
@@ -449,11 +458,12 @@ class NATSClientSession(QueuedWriter):
 
     # -- delivery (called by the broker, synchronously) ---------------------------------
 
-    def send_message(self, names: bytes, message: Message) -> None:
+    def send_message(self, names: bytes, message: Message, publisher: object | None) -> None:
         """Queue `message` as MSG (HMSG) for the subscription whose frames start with
         `names` (client_codec.msg_names). The queue is written by whoever comes first: at
         the end of the client batch that published it (write_now), or by the writer task,
-        woken once when the queue stops being empty, not once per message."""
+        woken once when the queue stops being empty, not once per message. Past its stall
+        mark, `publisher` (a session with a Stall) waits for it after its batch."""
         block = message.header_block
         if block is None and message.headers:
             block = encode_headers(message.headers)
@@ -473,21 +483,49 @@ class NATSClientSession(QueuedWriter):
         pending = self._pending = self._pending + size
         buffered = self._buffered
         buffered.total += size
-        if pending > self.server.max_pending or (
-            buffered.total > buffered.limit and pending > buffered.share
-        ):
-            self._slow_consumer("too much output waits for it")
+        if pending > self._stall_at or buffered.total > buffered.stall_at:
+            self._over(size, publisher)
+
+    def _over(self, size: int, publisher: object | None) -> None:
+        """Past a stall mark (send_message): nats-server's slow consumer past
+        max_pending (queueOutbound), the same past the listener's max_buffered_bytes for
+        one that had over its share waiting before this message; otherwise the
+        publisher stalls for it. Every byte counted is one its socket has not taken."""
+        pending = self._pending
+        buffered = self._buffered
+        if pending > self.server.max_pending:
+            self._slow_consumer(f"{pending} bytes wait for it, over max_pending")
+        elif buffered.total > buffered.limit and pending - size > buffered.share:
+            # its count before this message: one that reads has next to nothing waiting
+            # once its publishers stalled for it, whatever the size of the next message
+            self._slow_consumer(f"{pending} bytes wait for it, over max_buffered_bytes")
+        elif pending > self._stall_mark():
+            stall = getattr(publisher, "_stall", None)  # a route or HTTP: none
+            if stall is not None:
+                stall.add(self)
+
+    def _stall_mark(self) -> int:
+        buffered = self._buffered
+        if buffered.total > buffered.stall_at:
+            # near the listener-wide bound: drained to 3/4 of its share, it stays
+            return min(self._stall_at, buffered.share // 4 * 3)
+        return self._stall_at
 
     def _write_stalled(self) -> None:
         self._slow_consumer(f"a write waited {self.server.write_deadline:g} s (write_deadline)")
 
     def _slow_consumer(self, why: str) -> None:
         """nats-server's slow consumer: the client cannot keep up, so it is cut off, with
-        nothing said on the wire (said in the log and counted once: it may be offered
-        more before its task ends)."""
+        nothing said on the wire (nats-server's close skips the flush for it; a client
+        library told -ERR would close for good instead of reconnecting). Said in the log
+        and counted once; its subscriptions take nothing more (a queue group's next
+        member does) while its task ends, and no publisher waits for it."""
         if not self._cancel.cancel_called:
             log.info("nats client %s is a slow consumer (%s): closing", self.remote, why)
             self._metrics.protocol_error("nats", "SLOW_CONSUMER")
+            for sub in self.subs.values():
+                sub.dropped = True
+            self._unstall()
         self._cancel.cancel()
 
     def write_now(self) -> None:

@@ -40,6 +40,7 @@ from gateway.protocols.nsq.consuming import Consuming
 from gateway.protocols.nsq.handshake import Handshake, _Close
 from gateway.protocols.nsq.names import is_ephemeral
 from gateway.protocols.nsq.server import NSQServer
+from gateway.stall import Stall
 from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd, try_read
 
 log = logging.getLogger("gateway.nsq")
@@ -88,6 +89,8 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         self._out: list[bytes] = []
         self._pending = 0
         self._buffered = Buffered.unbounded()  # no listener-wide bound
+        # its wait, as a publisher, for the NATS subscribers it feeds faster than they read
+        self._stall = Stall()
         self._wake = trio.Event()
         self._encode: Callable[[bytes], bytes] | None = None
         self._sending = False
@@ -162,7 +165,10 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 if self._pending > max_output:
                     # the client does not read: stop reading its commands until it does
                     await self._flush_all()
+                if self._stall.sessions:  # its publishes went to a NATS subscriber
+                    await self._stall.wait()  # faster than that one reads (stall.py)
                 data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+                self._stall.spent = 0.0
                 if not data:
                     # the client closed its side: what it published is still answered
                     await self._commits.wait()
@@ -347,6 +353,7 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 delay=delay,
                 origin=self._origin,
                 ephemeral=is_ephemeral(topic),
+                publisher=self,  # a NATS subscriber fed past its stall mark stalls it
             )
         except StoreUnavailable as exc:
             self._pub_failed(len(self._out), exc, command)
