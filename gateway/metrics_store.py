@@ -32,8 +32,7 @@ class StoreCollector(Collector):
         self._sum = 0.0
 
     def collect(self) -> Iterator[Metric]:
-        store = self.broker.store
-        stats = store.stats()
+        stats = self.broker.journal.stats()
         for seconds in stats.commit_seconds:  # the commits since the last scrape
             self._buckets[bisect_left(COMMIT_BUCKETS, seconds)] += 1
             self._count += 1
@@ -59,7 +58,7 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily(
             "gateway_store_failing",
             "1 while the store cannot write (publishes are refused), else 0",
-            value=int(store.failed is not None),
+            value=int(self.broker.store_failed is not None),
         )
         yield GaugeMetricFamily(
             "gateway_store_disk_bytes",

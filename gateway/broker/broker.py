@@ -1,7 +1,9 @@
 """The broker: topics, groups and the one timer task behind every deadline and deferral.
 
 Protocol-agnostic by rule: nothing here imports a protocol. Sessions call it directly from
-their own tasks; every call is synchronous except `flush()`, the store's commit point.
+their own tasks; every call is synchronous except `flush()`, the store's commit point, and
+the few calls that may have to ask a shared store (kick, reserve-job, delete by id). The
+store is reached through the journal only.
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.archive import events
-from gateway.broker.claims import Claims
+from gateway.broker.errors import StoreUnavailable
 from gateway.broker.group import Consumer, Group
-from gateway.broker.journal import NULL_JOURNAL, Journal, from_wall
+from gateway.broker.journal import NULL_JOURNAL, from_wall, journal_for
+from gateway.broker.queues import LocalQueue
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import Taps
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message, Publish
-from gateway.stores.base import Store, StoreError
 
 if TYPE_CHECKING:
     from gateway.archive.writer import Archive
+    from gateway.stores.base import Store
 
 log = logging.getLogger("gateway.broker")
 
@@ -46,21 +48,20 @@ class Broker:
         memory_window: int = DEFAULT_WINDOW,
         archive: Archive | None = None,
     ) -> None:
-        self.store = store
         # the message archive (gateway/archive), or None: each topic takes its recorder
         self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
-        self.journal = Journal(store)
+        self.journal = journal_for(store, memory_window)
         # what topics and groups record their messages through (NULL_JOURNAL: nowhere, as
         # ephemeral ones do, when the store keeps nothing anyone reads back)
-        self.messages_journal = NULL_JOURNAL if store.forgets else self.journal
+        self.messages_journal = NULL_JOURNAL if self.journal.forgets else self.journal
         # Trio's clock, as a bound method once the broker runs (open()): trio.current_time()
         # looks the clock up through three calls, on every delivery
         self.now: Callable[[], float] = trio.current_time
-        self._allocates_ids = store.allocates_ids  # a store's constant
-        # a shared store (Redis): groups claim from it instead of keeping a queue
-        self.claims = Claims(self) if store.shares else None
-        self.window = memory_window if store.pages and not store.shares else 0
+        self._allocates_ids = self.journal.allocates_ids  # a store's constant
+        # the stored groups' queues' broker-wide task: the pager of a paging store's
+        # memory windows, or the claimer of a shared store (made by the journal, once)
+        self.queues = self.journal.backend(self)
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0
@@ -88,8 +89,6 @@ class Broker:
         # name; the rest are summed under ("", "").
         self.retired_counts: dict[tuple[str, str], dict[str, list[int]]] = {}
         self.retired_published: dict[str, dict[str, int]] = {}
-        self._page_wanted: dict[Group, None] = {}  # groups whose window runs low, in order
-        self._page_event = trio.Event()
 
     # -- life cycle ------------------------------------------------------------
 
@@ -97,11 +96,8 @@ class Broker:
         """Load what the store recorded: topics, groups and their messages. Messages that
         were in flight are ready again (their recorded attempts count that delivery)."""
         self.now = trio.lowlevel.current_clock().current_time
-        state = await self.store.open(self.window)
+        state = await self.journal.open()  # the ids' first reservation committed
         self.last_id = state.last_id
-        self.journal.opened(state.last_id)
-        # the ids' first reservation is on disk before any id is handed out
-        await self.store.flush()
         for st in state.topics.values():
             topic = self.topics[st.name] = Topic(self, st.name)
             topic.paused = st.paused
@@ -121,42 +117,24 @@ class Broker:
                         # (recorded ready now). Pushed here, it could sort after every
                         # spilled one and move `spill_from` past them all.
                         msg.deliver_at = from_wall(msg.deliver_at) or now
-                        group._defer(msg)
+                        group.defer(msg)
                     else:
                         group.ready.push(msg)
-                if sg.spilled:
-                    group.spilled = sg.spilled
-                    top = group.ready.max_key()
-                    group.spill_from = (top[0], top[1] + 1) if top is not None else (-1, -1)
+                if sg.spilled:  # a paging store's: its queues are local
+                    assert isinstance(group.queue, LocalQueue)
+                    group.queue.restored(sg.spilled)
                 for msg in sg.buried:
                     msg.deliver_at = 0.0
                     group.buried[msg.id] = msg
-                group.message_count = len(group.ready) + group.spilled + len(group.deferred)
+                group.message_count = len(group.ready) + sg.spilled + len(group.deferred)
             if topic.groups and self.on_groups is not None:
                 self.on_groups(topic.name, True)
 
-    def want_page(self, group: Group) -> None:
-        """A group's memory window runs low while messages wait on disk."""
-        if group not in self._page_wanted:
-            self._page_wanted[group] = None
-            self._page_event.set()
-
-    async def _pager(self) -> None:
-        while True:
-            await self._page_event.wait()
-            self._page_event = trio.Event()
-            while self._page_wanted:
-                group = next(iter(self._page_wanted))
-                del self._page_wanted[group]
-                await group.page_in()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The store's committer, the pager, and the timer task."""
+        """The store's committer, the pager (or the claimer), and the timer task."""
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.store.run)
-            nursery.start_soon(self._pager)
-            if self.claims is not None:
-                nursery.start_soon(self.claims.run)
+            await nursery.start(self.journal.run)
+            nursery.start_soon(self.queues.run)
             await self._run_timers(task_status)
 
     async def _run_timers(self, task_status: trio.TaskStatus[None]) -> None:
@@ -194,62 +172,43 @@ class Broker:
 
     def burn_id(self) -> None:
         """Use up an id without a message (beanstalkd: a put that ends EXPECTED_CRLF)."""
-        if self.store.allocates_ids:
-            self.last_id = self.store.take_ids(1)
+        if self._allocates_ids:
+            self.last_id = self.journal.take_ids(1)
             return
         self.last_id += 1
         self.journal.ids_used(self.last_id)
 
     async def flush(self) -> None:
         """The group-commit point: returns once every change so far is stored; raises
-        StoreError when the store cannot write (the publish must then be refused)."""
-        await self.store.flush()
+        StoreUnavailable when the store cannot write (the publish must then be refused)."""
+        await self.journal.flush()
 
     @property
     def flush_waits(self) -> bool:
         """Whether `flush()` waits for a disk or a server: a session then does well to
         commit more publishes at once. When not (the memory store), flush() returns at once
         and never fails, and a session need not await it at all."""
-        return self.store.durable or self.store.shares
+        return self.journal.durable
 
     async def kick(self, group: Group, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
-        deferred ones; how many. A shared store's are kicked in Redis, whichever gateway
+        deferred ones; how many. A shared store's are kicked there, whichever gateway
         buried or deferred them."""
-        if not group.shared:
-            return group.kick(bound)
-        kicked, which = await group.journal.kick(group, bound)
-        group.kick_count += kicked
-        if group.archive is not None:
-            for msg in which:
-                group.archive.record(events.KICKED, msg, group.name)
-        group.remote_buried_head = None
-        # the shared counts as they now are, until the next refresh reads them
-        if group.remote_buried:
-            group.remote_buried = max(0, group.remote_buried - kicked)
-        else:
-            group.remote_deferred = max(0, group.remote_deferred - kicked)
-        return kicked
+        return await group.queue.kick(bound)
 
     async def take_stored(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
         """Deliver to `consumer` one particular message a shared store keeps (beanstalkd
-        reserve-job of a job another gateway deferred or buried, or nobody claimed yet);
-        None when it is held elsewhere or gone, or the store is not shared."""
-        if self.claims is None:
-            return None
-        return await self.claims.take(group, consumer, msg_id)
+        reserve-job); None when it is held elsewhere or gone, or the store is not shared."""
+        return await group.queue.take_stored(consumer, msg_id)
 
     async def delete_stored(self, group: Group, msg_id: int) -> bool:
         """Remove one particular message a shared store keeps and no gateway holds
-        (beanstalkd delete of a job another gateway deferred or buried); False when it is
-        held elsewhere or gone, or the store is not shared. Committed by the next flush."""
-        if self.claims is None:
-            return False
-        return await self.claims.delete(group, msg_id)
+        (beanstalkd delete); False when it is held elsewhere or gone, or not shared."""
+        return await group.queue.delete_stored(msg_id)
 
     @property
-    def store_failed(self) -> StoreError | None:
-        return self.store.failed
+    def store_failed(self) -> StoreUnavailable | None:
+        return self.journal.failed
 
     async def close(self) -> None:
         """Clean stop: whatever is in flight is ready again, everything is flushed."""
@@ -260,21 +219,20 @@ class Broker:
                 if group.ephemeral:
                     continue
                 group.return_all_in_flight()
-                if group.shared and group.ready and self.claims is not None:
-                    self.claims.give_back(group, group.ready.clear())
-                ready += len(group.ready) + group.spilled
+                group.queue.closing()
+                ready += len(group.ready) + group.queue.spilled
                 deferred += len(group.deferred)
                 buried += len(group.buried)
         try:
-            await self.store.close()
-        except StoreError as exc:
+            await self.journal.close()
+        except StoreUnavailable as exc:
             log.error("stopping: %s", exc)
             raise
-        if self.store.durable:
+        if self.journal.durable:
             log.info(
                 "stopped: %d messages kept in %s (%d ready, %d deferred, %d buried)",
                 ready + deferred + buried,
-                self.store.where,
+                self.journal.where,
                 ready,
                 deferred,
                 buried,
@@ -368,12 +326,12 @@ class Broker:
         match. Await `flush()` before acknowledging them. With `create=False` a topic that
         does not exist is not made (a NATS publish nobody asked for is not kept).
         `routed`: the messages came from a NATS cluster route, which named these queue
-        groups; they reach local taps only (see taps.py). Raises StoreError, creating
+        groups; they reach local taps only (see taps.py). Raises StoreUnavailable, creating
         nothing, while the store cannot write and the messages would be stored (traffic
         to subscribers only, NATS at most once, goes on)."""
         # the hot path of every protocol: one dict lookup for the topic, one Message per
         # body, the counters, then the topic; nothing per message beyond the Message
-        failed = self.store.failed
+        failed = self.journal.failed
         t = self.topics.get(topic)
         if t is None:
             if failed is not None and create and not ephemeral:
@@ -385,7 +343,7 @@ class Broker:
         ts = time.time_ns()
         deliver_at = trio.current_time() + delay if delay > 0 else 0.0
         if self._allocates_ids:  # unique across the gateways sharing the store
-            first = self.store.take_ids(n)
+            first = self.journal.take_ids(n)
             self.last_id = first + n - 1
         else:
             first = self.last_id + 1

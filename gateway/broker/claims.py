@@ -1,7 +1,8 @@
-"""Claiming from a shared store (Redis): several gateways serve one queue.
+"""A group's queue in a shared store (Redis): several gateways serve one queue.
 
-With a store that `shares`, Redis is the authority for every stored group: a group keeps
-no ready queue of its own. When its consumers have room, the claimer takes up to that
+With a store several gateways share, Redis is the authority for every stored group: the
+group's `SharedQueue` keeps only what this gateway claimed, and the broker-wide `Claims`
+claims for it. When its consumers have room, the claimer takes up to that
 many of the most urgent ready messages from Redis in one atomic step (they are then
 claimed by this gateway, with a deadline), puts them in the group's ready queue and lets
 the group dispatch them as usual. A delivery moves the claim's deadline to the consumer's
@@ -21,17 +22,19 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.stores.base import StoreError
+from gateway.archive import events
+from gateway.broker.errors import StoreUnavailable
+from gateway.broker.queues import Queue
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
     from gateway.broker.group import Consumer, Group
+    from gateway.broker.journal import SharedJournal
     from gateway.model import Message
 
 log = logging.getLogger("gateway.broker")
@@ -42,10 +45,119 @@ REFRESH = 1.0  # seconds between registry and count refreshes; also the idle re-
 _RETRY = 0.5
 
 
+class SharedQueue(Queue):
+    """A stored group's queue when the store is shared: the store keeps it, the group
+    holds what this gateway claimed (ready until delivered, at once) and delivered."""
+
+    elsewhere = True
+
+    def __init__(self, group: Group, claims: Claims, journal: SharedJournal) -> None:
+        self.group = group
+        self.claims = claims
+        self.journal = journal
+        # the group's messages in the store, as the last refresh read them
+        self.stored_ready = self.stored_delayed = self.stored_buried = 0
+        self.stored_buried_head: Message | None = None
+
+    def admit(self, messages: list[Message]) -> None:
+        # recorded in the store, which every gateway claims from
+        if self.group.consumers_wait:
+            self.claims.fed(self.group)
+
+    def starving(self) -> None:
+        self.claims.want(self.group)
+
+    def refill(self, waiting: bool) -> None:
+        if waiting:
+            self.claims.want(self.group)
+
+    def push_ready(self, msg: Message) -> bool:
+        self.group.ready.push(msg)
+        return True
+
+    def returned(self, msg: Message, delay: float, now: float, priority_was: int | None) -> None:
+        # back to the store, for whichever gateway claims it next
+        msg.deliver_at = now + delay if delay > 0 else 0.0
+        self.journal.changed(self.group, msg, priority_was=priority_was, expect="f")
+
+    def buried(self, msg: Message, priority_was: int | None) -> None:
+        # buried in the store (if still claimed here): any gateway kicks it
+        self.stored_buried += 1
+        self.journal.changed(self.group, msg, buried=True, priority_was=priority_was, expect="f")
+
+    def detached(self) -> None:
+        if not any(c.attached for c in self.group.consumers):
+            self.closing()  # claimed for consumers that left: any gateway may have them now
+
+    def closing(self) -> None:
+        if self.group.ready:
+            self.give_back(self.group.ready.clear())
+
+    def give_back(self, msgs: list[Message]) -> None:
+        """Claimed messages not delivered: ready in the store again, for any gateway."""
+        for m in msgs:
+            self.journal.changed(self.group, m, expect="f")
+
+    async def kick(self, bound: int) -> int:
+        """Kicked in the store, whichever gateway buried or deferred them."""
+        group = self.group
+        kicked, which = await self.journal.kick(group, bound)
+        group.kick_count += kicked
+        if group.archive is not None:
+            for msg in which:
+                group.archive.record(events.KICKED, msg, group.name)
+        self.stored_buried_head = None
+        # the shared counts as they now are, until the next refresh reads them
+        if self.stored_buried:
+            self.stored_buried = max(0, self.stored_buried - kicked)
+        else:
+            self.stored_delayed = max(0, self.stored_delayed - kicked)
+        return kicked
+
+    def kick_stored(self, msg: Message, *, buried: bool) -> None:
+        """Ready again in the store, for any gateway, if it is still buried (deferred)
+        there."""
+        group = self.group
+        group.kick_count += 1
+        msg.deliver_at = 0.0
+        self.journal.changed(group, msg, expect="b" if buried else "d")
+        if group.archive is not None:
+            group.archive.record(events.KICKED, msg, group.name)
+        if buried:
+            self.stored_buried = max(0, self.stored_buried - 1)
+            self.stored_buried_head = None
+        else:
+            self.stored_delayed = max(0, self.stored_delayed - 1)
+
+    async def take_stored(self, consumer: Consumer, msg_id: int) -> Message | None:
+        """Claimed from the store for `consumer` alone (beanstalkd reserve-job of a job
+        another gateway deferred or buried, or nobody claimed yet), whatever the window."""
+        group = self.group
+        msg = await self.journal.claim_id(group, msg_id, consumer.timeout or CLAIM_LEASE)
+        if msg is None:
+            return None
+        if group.deleted or not consumer.attached:
+            self.give_back([msg])
+            return None
+        return group.take_claimed(consumer, msg)
+
+    async def delete_stored(self, msg_id: int) -> bool:
+        """The claim makes the removal atomic: a gateway that claims it first keeps it,
+        and this one then finds nothing. Committed by the next flush."""
+        msg = await self.journal.claim_id(self.group, msg_id, CLAIM_LEASE)
+        if msg is None:
+            return False
+        self.group.delete_claimed(msg)
+        return True
+
+
 class Claims:
-    def __init__(self, broker: Broker) -> None:
+    """The broker-wide claimer: claims for the groups whose consumers have room, and
+    refreshes the registry and the shared counts."""
+
+    def __init__(self, broker: Broker, journal: SharedJournal) -> None:
         self.broker = broker
-        self.store: Any = broker.store
+        self.journal = journal
         self._wanted: dict[Group, None] = {}
         # groups whose last claim found Redis without a ready message for them, with no
         # sign of a new one since: room alone (a FIN, a RDY) does not send a claim for
@@ -53,7 +165,6 @@ class Claims:
         self._drained: weakref.WeakSet[Group] = weakref.WeakSet()
         self._event = trio.Event()
         self._wake_at = math.inf  # broker clock: the earliest due time a claim reported
-        self.store.on_notify = self.notified
 
     # -- asking for claims -----------------------------------------------------
 
@@ -104,16 +215,16 @@ class Claims:
                 self._drained.clear()
                 for t in list(self.broker.topics.values()):
                     for g in t.groups.values():
-                        if g.shared and g.consumers:
+                        if g.consumers and isinstance(g.queue, SharedQueue):
                             self._wanted.setdefault(g, None)
             while self._wanted:
                 group = next(iter(self._wanted))
                 del self._wanted[group]
                 try:
                     await self._claim(group)
-                except StoreError as exc:
-                    if self.store.failed is None:  # else the store has said so already
-                        log.warning("%s: claiming failed: %s", self.store.where, exc)
+                except StoreUnavailable as exc:
+                    if self.journal.failed is None:  # else the store has said so already
+                        log.warning("%s: claiming failed: %s", self.journal.where, exc)
                     await trio.sleep(_RETRY)
                     self._wanted.setdefault(group, None)
 
@@ -125,57 +236,30 @@ class Claims:
             return
         # until delivered (at once), a claim lasts as long as a delivery would
         lease = max((c.timeout for c in group.consumers), default=0.0) or CLAIM_LEASE
-        msgs, due, _expired = await self.store.claim(group.topic.name, group.name, n, lease)
-        if due:
-            at = trio.current_time() + max(due - time.time(), 0.0) + 0.001
-            self._wake_at = min(self._wake_at, at)
+        msgs, due = await self.journal.claim(group, n, lease)
+        if due is not None:
+            self._wake_at = min(self._wake_at, due + 0.001)
         if len(msgs) < n and group not in self._wanted:
             self._drained.add(group)  # nothing more now; a notification says when
         if not msgs:
             return
+        queue = group.queue
+        assert isinstance(queue, SharedQueue)
         if group.deleted:
-            self.give_back(group, msgs)
+            queue.give_back(msgs)
             return
         for m in msgs:
             group.ready.push(m)
-        group._dispatch()
+        group.pump()
         if group.ready:
             # The room went while the claim was on the wire (RDY lowered, a reserve
             # timed out): what no consumer took goes back to Redis now. Kept here, it
             # would be delivered after its claim ran out, when another gateway may
             # deliver it too.
-            self.give_back(group, group.ready.clear())
+            queue.give_back(group.ready.clear())
             return
         if len(msgs) == n:
             self.want(group)  # there may be more, and room for them
-
-    async def take(self, group: Group, consumer: Consumer, msg_id: int) -> Message | None:
-        """Claim one particular message from Redis and deliver it to `consumer` (beanstalkd
-        reserve-job): None when no gateway may have it (claimed elsewhere, gone)."""
-        msg = await group.journal.claim_id(group, msg_id, consumer.timeout or CLAIM_LEASE)
-        if msg is None:
-            return None
-        if group.deleted or not consumer.attached:
-            self.give_back(group, [msg])
-            return None
-        return group.take_claimed(consumer, msg)
-
-    async def delete(self, group: Group, msg_id: int) -> bool:
-        """Claim one particular message from Redis and remove it (beanstalkd delete of a job
-        another gateway deferred or buried, or nobody claimed yet): False when another
-        gateway holds it or it is gone. The claim makes the removal atomic: a gateway that
-        claims it first keeps it, and this one then finds nothing."""
-        msg = await group.journal.claim_id(group, msg_id, CLAIM_LEASE)
-        if msg is None:
-            return False
-        group.delete_claimed(msg)
-        return True
-
-    def give_back(self, group: Group, msgs: list[Any]) -> None:
-        """Claimed messages not delivered: ready in Redis again, for any gateway."""
-        journal = group.journal
-        for m in msgs:
-            journal.changed(group, m, expect="f")
 
     # -- the shared registry and counts ----------------------------------------
 
@@ -183,10 +267,8 @@ class Claims:
         while True:
             try:
                 await self.refresh()
-            except StoreError as exc:
-                log.debug("%s: refresh: %s", self.store.where, exc)
             except Exception as exc:  # a lost connection shows as the store's health
-                log.debug("%s: refresh: %s", self.store.where, exc)
+                log.debug("%s: refresh: %s", self.journal.where, exc)
             await trio.sleep(REFRESH)
 
     async def refresh(self) -> None:
@@ -201,8 +283,7 @@ class Claims:
             for name, t in broker.topics.items()
             if not t.ephemeral
         }
-        await self.store.flush()
-        registry = await self.store.registry()
+        registry = await self.journal.registry()  # after a flush
         for name, (paused, groups) in registry.items():
             # Made here as the registry says, not recorded: written back, a name another
             # gateway deleted during this read would come back.
@@ -219,7 +300,7 @@ class Claims:
                 if gone in t.groups:
                     t.groups.pop(gone).close()
         gone = [name for name in here if name not in registry]
-        held = await self.store.holding(gone) if gone else set()
+        held = await self.journal.holding(gone) if gone else set()
         for name in gone:
             t = broker.topics.get(name)
             if t is None:
@@ -230,24 +311,26 @@ class Claims:
                 # went with the delete; its new messages wait in its backlog.
                 for group in list(t.groups):
                     t.groups.pop(group).close()
-                self.store.add_topic(name)
+                self.journal.topic_added(t)
                 continue
             broker.delete_topic(name, record=False)
         topics = [t for t in broker.topics.values() if not t.ephemeral]
-        stored = [[g for g in t.groups.values() if g.shared] for t in topics]
-        counts = await self.store.counts(
+        stored = [
+            [g for g in t.groups.values() if isinstance(g.queue, SharedQueue)] for t in topics
+        ]
+        counts = await self.journal.counts(
             [
                 (t.name, ["", *(g.name for g in groups)])
                 for t, groups in zip(topics, stored, strict=True)
             ]
         )
         for t, groups, (backlog, *per_group) in zip(topics, stored, counts, strict=True):
-            t.remote_backlog = backlog[0] + backlog[1]
+            t.stored_backlog = backlog[0] + backlog[1]
             for g, (ready, deferred, _claimed, buried, head) in zip(groups, per_group, strict=True):
-                g.remote_ready = ready
-                g.remote_deferred = deferred
-                g.remote_buried = buried
-                g.remote_buried_head = head
+                queue = g.queue
+                assert isinstance(queue, SharedQueue)
+                queue.stored_ready, queue.stored_delayed = ready, deferred
+                queue.stored_buried, queue.stored_buried_head = buried, head
                 g.message_count = ready + deferred + len(g.ready)
                 if ready and g.consumers:
                     self.fed(g)  # a notification lost on the way: claim anyway

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -19,14 +19,11 @@ import trio
 from gateway.archive import events
 from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
-from gateway.broker.group_admin import GroupAdmin
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.members import Consumer, InFlight, Outcome, Sink
 from gateway.broker.ready import ReadyQueue
 from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, FOLD_AT, REQUEUED, TIMED_OUT
-from gateway.broker.window import NO_KEY, MemoryWindow
 from gateway.model import Message
-from gateway.stores.base import Key
 
 if TYPE_CHECKING:
     from gateway.broker.topic import Topic
@@ -43,7 +40,7 @@ _OK, _NOT_IN_FLIGHT, _NOT_OWNER = Outcome.OK, Outcome.NOT_IN_FLIGHT, Outcome.NOT
 _DEADLINE = attrgetter("deadline")
 
 
-class Group(MemoryWindow, GroupAdmin):
+class Group:
     def __init__(
         self, topic: Topic, name: str, *, ephemeral: bool = False, max_attempts: int = 0
     ) -> None:
@@ -60,17 +57,6 @@ class Group(MemoryWindow, GroupAdmin):
         self.journal = (
             NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.messages_journal
         )
-        # the memory window of a paging store (window.py); 0: everything in memory
-        self.window = 0 if self.journal is NULL_JOURNAL else topic.broker.window
-        # a shared store (Redis) keeps the queue, this group only what it claimed (claims.py)
-        self.shared = self.journal is not NULL_JOURNAL and topic.broker.claims is not None
-        self.remote_ready = self.remote_deferred = self.remote_buried = 0
-        self.remote_buried_head: Message | None = None
-        self.spilled = 0
-        self.spill_from: Key = NO_KEY
-        self._paging = False  # a page-in is under way
-        self._dropped_min: Key | None = None  # the least key spilled during it
-        self._generation = 0  # bumped by empty(): a page-in that began before is void
         self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
         self.in_flight: dict[int, InFlight] = {}
         self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest
@@ -79,8 +65,10 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines = Deadlines()
         self.next_wake = _INF  # earliest time the broker's timer will call on_timer
         self.archive = topic.archive  # the topic's archive recorder, or None
-        # the store's door for this group's deliveries and finishes (names bound once)
+        # the journal's door for this group's deliveries and finishes (names bound once)
         self.recorder = self.journal.recorder(self)
+        # where messages wait outside memory, chosen by the journal (queues.py)
+        self.queue = self.journal.queue(self)
         # counters, the same for every protocol that touches this group
         self.message_count = 0
         self.requeue_count = 0
@@ -95,12 +83,10 @@ class Group(MemoryWindow, GroupAdmin):
         """New messages (already recorded in the store by the topic). `fresh`: one
         publish, so one priority and one deliver_at, ids ascending."""
         self.message_count += len(messages)
-        if self.shared:  # recorded in the store, which every gateway claims from
-            if self._waiting:
-                self.topic.broker.claims.fed(self)
+        admitted = self.queue.admit(messages)
+        if admitted is None:
             return
-        if self.window and (self.spilled or len(self.ready) + len(messages) > self.window):
-            messages = self._spill(messages)
+        messages = admitted
         if fresh and messages and messages[0].deliver_at == 0.0:
             self.ready.extend(messages)
             if not self._waiting:  # no one to deliver to: nothing else to do
@@ -110,13 +96,14 @@ class Group(MemoryWindow, GroupAdmin):
             ready = self.ready
             for msg in messages:
                 if msg.deliver_at > now:
-                    self._defer(msg)
+                    self.defer(msg)
                 else:
                     msg.deliver_at = 0.0
                     ready.push(msg)
         self._dispatch()
 
-    def _defer(self, msg: Message) -> None:
+    def defer(self, msg: Message) -> None:
+        """Into the deferred heap until its deliver_at (broker clock)."""
         heappush(self.deferred, (msg.deliver_at, msg.id, msg))
         if msg.deliver_at < self.next_wake:
             self.topic.broker.schedule(self, msg.deliver_at)
@@ -153,9 +140,7 @@ class Group(MemoryWindow, GroupAdmin):
         self.consumers.remove(consumer)
         if requeue:
             self.return_in_flight(consumer)
-        if self.shared and self.ready and not any(c.attached for c in self.consumers):
-            # claimed for consumers that left: any gateway may have them now
-            self.topic.broker.claims.give_back(self, self.ready.clear())
+        self.queue.detached()
         if self.ephemeral and not self.consumers:
             self.topic.delete_group(self.name)
 
@@ -169,8 +154,8 @@ class Group(MemoryWindow, GroupAdmin):
         waiting = self._waiting
         ready = self.ready
         if self.paused or not waiting or not ready.size:
-            if self.shared and waiting and not self.paused:
-                self.topic.broker.claims.want(self)
+            if waiting and not self.paused:
+                self.queue.starving()
             return
         now = self._now()
         if self.pause_until:
@@ -196,10 +181,12 @@ class Group(MemoryWindow, GroupAdmin):
                 c.waiting = False
             elif len(waiting) > 1:
                 waiting.rotate(-1)
-        if self.shared and waiting:
-            self.topic.broker.claims.want(self)
-        if self.spilled:
-            self._want_page()
+        self.queue.refill(bool(waiting))
+
+    @property
+    def consumers_wait(self) -> bool:
+        """Some consumer has room for more."""
+        return bool(self._waiting)
 
     def _deliver(self, c: Consumer, msg: Message, now: float) -> None:
         msg.attempts += 1
@@ -210,7 +197,7 @@ class Group(MemoryWindow, GroupAdmin):
         self._deadlines.add(entry)
         if deadline < self.next_wake:
             self.topic.broker.schedule(self, deadline)
-        self.recorder.delivered(msg, deadline)
+        self.recorder.delivered(entry)
         if self.archive is not None:
             self.archive.record(events.DELIVERED, msg, self.name, c.sink)
         c.counts[DELIVERED] += 1
@@ -259,19 +246,14 @@ class Group(MemoryWindow, GroupAdmin):
         elif not self.ready.remove(msg):
             return None
         self._deliver(consumer, msg, self._now())
-        if self.spilled:
-            self._want_page()
+        self.queue.refill(False)
         return msg
 
     def take_any(self, consumer: Consumer, msg_id: int) -> Message | None:
         """Deliver one particular message that is ready, deferred or buried (beanstalkd
         reserve-job), whatever its state's queue and whatever the pause."""
         msg = self._unqueue(msg_id)
-        if msg is None:
-            return None
-        msg.deliver_at = 0.0
-        self._deliver(consumer, msg, trio.current_time())
-        return msg
+        return None if msg is None else self.take_claimed(consumer, msg)
 
     # -- acknowledgements ------------------------------------------------------
 
@@ -377,7 +359,7 @@ class Group(MemoryWindow, GroupAdmin):
         assert isinstance(entry, InFlight)
         now = trio.current_time()
         entry.deadline = min(now + extend, entry.delivered_at + cap)
-        self.journal.touched(self, entry.message, entry.deadline)
+        self.recorder.touched(entry.message, entry.deadline)
         self._deadlines.add(entry)
         if entry.deadline < self.next_wake:
             self.topic.broker.schedule(self, entry.deadline)
@@ -401,15 +383,11 @@ class Group(MemoryWindow, GroupAdmin):
     # `sink`: the consumer's that buried it (none when past max_attempts)
     def _bury(self, msg: Message, priority_was: int | None = None, sink: object = None) -> None:
         msg.deliver_at = 0.0
-        if self.shared:  # buried in Redis (if still claimed here): any gateway kicks it
-            self.remote_buried += 1
-        else:
-            self.buried[msg.id] = msg
         self.bury_count += 1
         msg.job_stats().buries += 1
         if self.archive is not None:
             self.archive.record(events.BURIED, msg, self.name, sink)
-        self.journal.changed(self, msg, buried=True, priority_was=priority_was, expect="f")
+        self.queue.buried(msg, priority_was)
 
     def _return(
         self, msg: Message, delay: float, now: float, priority_was: int | None = None
@@ -419,17 +397,7 @@ class Group(MemoryWindow, GroupAdmin):
         if self.max_attempts and msg.attempts >= self.max_attempts:
             self._bury(msg, priority_was)
             return
-        if self.shared:  # back to Redis, for whichever gateway claims it next
-            msg.deliver_at = now + delay if delay > 0 else 0.0
-            self.journal.changed(self, msg, priority_was=priority_was, expect="f")
-            return
-        if delay > 0:
-            msg.deliver_at = now + delay
-            self._defer(msg)
-        else:
-            msg.deliver_at = 0.0
-            self._push_ready(msg)
-        self.journal.changed(self, msg, priority_was=priority_was)
+        self.queue.returned(msg, delay, now, priority_was)
 
     # -- timers ----------------------------------------------------------------
 
@@ -462,11 +430,9 @@ class Group(MemoryWindow, GroupAdmin):
         while deferred and deferred[0][0] <= now:
             msg = heappop(deferred)[2]
             msg.deliver_at = 0.0
-            if self.spilled and self._spills((msg.priority, msg.id), 0):
+            if not self.queue.push_ready(msg):
                 # on disk only now: its record must say "ready now" to be paged in again
                 self.journal.changed(self, msg)
-            else:
-                self.ready.push(msg)
         self._dispatch()
         # a timed pause that ended (the dispatch clears it only when it has work to do)
         # is no wake-up any more: scheduled again at a past time, the timer would loop
@@ -481,8 +447,203 @@ class Group(MemoryWindow, GroupAdmin):
         if nxt < _INF:
             self.topic.broker.schedule(self, nxt)
 
+    # -- dead letters and administration ---------------------------------------
+    #    (beanstalkd's kick/peek/delete/pause-tube, nsqd's channel empty and pause, the
+    #    admin page)
+
+    def close(self) -> None:
+        """The group is deleted: its consumers get nothing more; its counters are kept."""
+        if self.deleted:
+            return
+        self.deleted = True
+        self.topic.broker.retire(self)
+        # its messages went with it, those in flight too: a late release, bury or touch
+        # finds none (NOT_FOUND), and nothing more is recorded for the group
+        self.in_flight.clear()
+        for c in self.consumers:
+            c.attached = False
+            # its consumers hear of it, wherever the delete came from (here, or another
+            # gateway sharing the store): nsqd closes the clients of a deleted channel
+            closed = getattr(c.sink, "group_closed", None)
+            if closed is not None:
+                closed()
+        self.consumers.clear()
+        self._waiting.clear()
+
+    def return_in_flight(self, consumer: Consumer) -> None:
+        """Everything `consumer` holds is ready again at once, counting no requeue or
+        timeout (beanstalkd, when a connection closes)."""
+        if not consumer.in_flight:
+            return
+        owned = [e for e in self.in_flight.values() if e.consumer is consumer]
+        now = trio.current_time()
+        for entry in owned:
+            del self.in_flight[entry.message.id]
+            self._return(entry.message, 0.0, now)
+        consumer.in_flight = 0
+        self._deadlines.trim(self.in_flight)
+        self._dispatch()
+
+    def return_all_in_flight(self) -> None:
+        """A clean stop: every delivery is ready again (as a consumer leaving beanstalkd
+        would), counting no requeue or timeout."""
+        for consumer in {entry.consumer for entry in self.in_flight.values()}:
+            self.return_in_flight(consumer)
+
+    def _unqueue(self, msg_id: int) -> Message | None:
+        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
+        found = self.find(msg_id)
+        if found is None or found[0] == "reserved":
+            return None
+        state, msg = found
+        if state == "buried":
+            del self.buried[msg_id]
+        elif state == "delayed":
+            self._undefer(msg_id)
+        else:
+            self.ready.remove(msg)
+        return msg
+
+    def _undefer(self, msg_id: int) -> Message | None:
+        deferred = self.deferred
+        for i, entry in enumerate(deferred):
+            if entry[1] == msg_id:
+                deferred[i] = deferred[-1]
+                deferred.pop()
+                heapify(deferred)
+                return entry[2]
+        return None
+
+    # -- dead letters ----------------------------------------------------------
+
+    def bury_ready(self, msg_id: int) -> bool:
+        """Bury a message that waits here (ready or deferred) with no delivery: a dead
+        letter published to be buried (RocketMQ's %DLQ%). False when it is not here."""
+        msg = self._unqueue(msg_id)
+        if msg is not None:
+            self._bury(msg)
+        return msg is not None
+
+    def kick(self, bound: int) -> int:
+        """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
+        deferred ones are made ready now. Returns how many were kicked."""
+        kicked = 0
+        if self.buried:
+            while self.buried and kicked < bound:
+                msg_id = next(iter(self.buried))
+                self._ready_now(self.buried.pop(msg_id))
+                kicked += 1
+        else:
+            while self.deferred and kicked < bound:
+                msg = heappop(self.deferred)[2]
+                self._ready_now(msg)
+                kicked += 1
+        self._dispatch()
+        return kicked
+
+    def kick_message(self, msg_id: int) -> bool:
+        msg = self.buried.pop(msg_id, None) or self._undefer(msg_id)
+        if msg is None:
+            return False
+        self._ready_now(msg)
+        self._dispatch()
+        return True
+
+    def kick_stored(self, msg: Message, *, buried: bool) -> None:
+        """A buried (or deferred) message as found in a shared store (query.find): ready
+        again there, for any gateway, if it is still buried (deferred) there."""
+        self.queue.kick_stored(msg, buried=buried)
+
+    def take_claimed(self, consumer: Consumer, msg: Message) -> Message:
+        """Deliver a message claimed from a shared store for this consumer alone
+        (beanstalkd reserve-job of a message Redis kept), whatever the window."""
+        msg.deliver_at = 0.0
+        self._deliver(consumer, msg, trio.current_time())
+        return msg
+
+    def _ready_now(self, msg: Message) -> None:
+        """A kick: buried or deferred to ready now."""
+        self.kick_count += 1
+        msg.job_stats().kicks += 1
+        msg.deliver_at = 0.0
+        self.queue.push_ready(msg)
+        self.journal.changed(self, msg)
+        if self.archive is not None:
+            self.archive.record(events.KICKED, msg, self.name)
+
+    # -- administration ------------------------------------------------------
+
+    def find(self, msg_id: int) -> tuple[str, Message] | None:
+        """Where a message is: 'reserved', 'ready', 'delayed' or 'buried' (O(n) but in-flight)."""
+        entry = self.in_flight.get(msg_id)
+        if entry is not None:
+            return "reserved", entry.message
+        msg = self.buried.get(msg_id)
+        if msg is not None:
+            return "buried", msg
+        for _, i, msg in self.deferred:
+            if i == msg_id:
+                return "delayed", msg
+        for msg in self.ready:
+            if msg.id == msg_id:
+                return "ready", msg
+        return None
+
+    def delete(self, msg_id: int) -> bool:
+        """Remove a message that is not in flight (beanstalkd delete of ready/delayed/buried)."""
+        msg = self._unqueue(msg_id)
+        if msg is not None:
+            self.delete_claimed(msg)
+        return msg is not None
+
+    def delete_claimed(self, msg: Message) -> None:
+        """Remove a message that is in no queue here: one just unqueued, or one claimed from
+        a shared store to be deleted (a job another gateway deferred or buried)."""
+        self.journal.removed(self, (msg,))
+        if self.archive is not None:
+            self.archive.record(events.DELETED, msg, self.name)
+
+    def empty(self) -> None:
+        """Drop every message: ready, deferred, buried and in flight (as nsqd's channel empty
+        does: FIN of a message that was in flight then fails)."""
+        self.ready.clear()
+        self.deferred.clear()
+        self.buried.clear()
+        self.in_flight.clear()
+        self._deadlines.clear()
+        self.queue.emptied()
+        for c in self.consumers:
+            c.in_flight = 0
+            self._offer(c)
+        self.journal.cleared(self.topic, self)
+
+    def pause_for(self, seconds: int) -> None:
+        """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
+        now = trio.current_time()
+        if seconds <= 0:
+            self.pause_until = 0.0
+            self.pause_length = 0
+            self._dispatch()
+            return
+        self.pause_until = now + seconds
+        self.pause_length = seconds
+        if self.pause_until < self.next_wake:
+            self.topic.broker.schedule(self, self.pause_until)
+
+    def is_paused(self, now: float) -> bool:
+        return self.paused or (self.pause_until > now)
+
+    def pause(self) -> None:
+        self.paused = True
+        self.journal.paused(self.topic, self, True)
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.journal.paused(self.topic, self, False)
+        self._dispatch()
+
     # -- views -----------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        return len(self.ready) + self.spilled + self.remote_ready
+        return len(self.ready) + self.queue.spilled + self.queue.stored_ready

@@ -1,9 +1,16 @@
 """The journal: the broker's one door to its store.
 
-Every change the broker makes to a queue that outlives the process goes through here, in
-the order it happens, and nothing else in the gateway calls the store. Ephemeral topics and
-groups (NSQ `#ephemeral`, NATS plain subscriptions) get `NULL_JOURNAL`, which records
-nothing, so the queue code never asks "is this stored?".
+Every store call goes through here: opening it and closing it, every change the broker
+makes to a queue that outlives the process (in the order it happens), the group commit,
+ids, failure state and figures, and a shared store's claims and reads. Nothing else in the
+gateway calls the store, and the store's exception stops here: a failed call raises
+`StoreUnavailable`, the broker's own. Ephemeral topics and groups (NSQ `#ephemeral`, NATS
+plain subscriptions) get `NULL_JOURNAL`, which records nothing, so the queue code never
+asks "is this stored?".
+
+The journal also picks each group's queue backend (`queue()`), once, when the group is
+made: a local queue (queues.py) or, with a store several gateways share, a shared queue
+(claims.py).
 
 The broker keeps deadlines and deferrals on Trio's clock (tests drive it with MockClock);
 the store keeps wall-clock times, because Trio's clock starts at a random offset in every
@@ -13,18 +20,33 @@ run. The conversion happens here, in both directions.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from gateway.broker.claims import Claims, SharedQueue
+from gateway.broker.errors import StoreUnavailable
+from gateway.broker.queues import LocalQueue, Pager, Queue
 from gateway.model import Message
-from gateway.stores.base import Delivery, GroupRecorder, Key, Store
+from gateway.stores.base import (
+    Found,
+    GroupCounts,
+    Key,
+    SharedStore,
+    Store,
+    StoredState,
+    StoreError,
+    StoreStats,
+)
 
 if TYPE_CHECKING:
+    from gateway.broker.broker import Broker
     from gateway.broker.group import Group
+    from gateway.broker.members import InFlight
     from gateway.broker.topic import Topic
-    from gateway.stores.redis_reads import Found
+
+T = TypeVar("T")
 
 # ids are reserved in blocks, so that handing one out costs no store write, and a restart
 # starts after the block: an id seen by a client is never handed out again. Reservations
@@ -48,23 +70,136 @@ def from_wall(due: float) -> float:
     return trio.current_time() + left if left > 0 else 0.0
 
 
-class Journal:
-    __slots__ = ("ceiling", "reserved", "store")
+def _unavailable(exc: StoreError) -> StoreUnavailable:
+    unavailable = StoreUnavailable(str(exc))
+    unavailable.__cause__ = exc
+    return unavailable
 
-    def __init__(self, store: Store) -> None:
+
+async def _door(call: Awaitable[T]) -> T:
+    """Await one store call; the store's exception becomes the broker's."""
+    try:
+        return await call
+    except StoreError as exc:
+        raise _unavailable(exc) from exc
+
+
+def journal_for(store: Store, window: int) -> Journal:
+    """The broker's journal for `store`: the one place that asks whether the store is
+    shared. `window`: a paging store's per-group memory window."""
+    if isinstance(store, SharedStore) and store.shares:
+        return SharedJournal(store, window)
+    return Journal(store, window if store.pages else 0)
+
+
+class Recorder:
+    """One group's door for the calls made on every message (a publish into this group
+    alone, a delivery, a finish): the store's methods bound once, so that a hot path
+    makes one call. A local store is told no deadline (its record says "ready, attempt
+    counted"), so a local group's recorder has no time to convert."""
+
+    __slots__ = ("delivered", "delivered_all", "finished", "put")
+
+    def __init__(
+        self,
+        put: Callable[[Sequence[Message], float], None],
+        delivered: Callable[[InFlight], None],
+        delivered_all: Callable[[Iterable[InFlight]], None],
+        finished: Callable[[Message], None],
+    ) -> None:
+        self.put = put  # `due` already wall-clock: Journal.put converts it
+        self.delivered = delivered
+        self.delivered_all = delivered_all
+        self.finished = finished
+
+    def touched(self, message: Message, deadline: float) -> None:
+        """A delivery's deadline moved: a local store keeps none."""
+
+
+class Journal:
+    __slots__ = ("allocates_ids", "ceiling", "durable", "forgets", "pager", "reserved", "store")
+
+    # whether the store decides which groups a publish goes to, and keeps the topic's
+    # backlog (a shared store: other gateways' groups count too)
+    fans_out = False
+
+    def __init__(self, store: Store, window: int = 0) -> None:
         self.store = store
+        # the store's constants (see Store); a flush waits for a disk or a server if durable
+        self.forgets = store.forgets if store else True
+        self.durable = store.durable if store else False
+        self.allocates_ids = store.allocates_ids if store else False
         # the last id reserved in the store, and a block below it the point past which
         # the next block is reserved; the broker compares each publish's last id with
         # `ceiling` before calling ids_used (one test instead of a call)
         self.reserved = 0
         self.ceiling = 0
+        self.pager = Pager(window)
 
-    def opened(self, last_id: int) -> None:
-        """The store's last id: the first block is reserved now (the broker commits it
-        before it serves), unless the store hands out the ids itself."""
-        self.reserved = self.ceiling = last_id
+    # -- the store's life cycle ------------------------------------------------
+
+    async def open(self) -> StoredState:
+        """What the store recorded (wall-clock times), with the ids' first block reserved
+        and committed before any id is handed out (unless the store hands them out)."""
+        state = await _door(self.store.open(self.pager.window))
+        self.reserved = self.ceiling = state.last_id
         if not self.store.allocates_ids:
+            self._reserve(state.last_id)
+        await self.flush()
+        return state
+
+    def backend(self, broker: Broker) -> Pager | Claims:
+        """The broker-wide part of the stored groups' queues: its background task runs
+        with the broker (the pager here; the claimer with a shared store)."""
+        return self.pager
+
+    def queue(self, group: Group) -> Queue:
+        """A stored group's queue backend, chosen once, when the group is made."""
+        return LocalQueue(group, self.pager)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The store's background work (a durable store's committer)."""
+        await _door(self.store.run(task_status=task_status))
+
+    async def flush(self) -> None:
+        """The group-commit point: returns once every change so far is stored."""
+        await _door(self.store.flush())
+
+    async def close(self) -> None:
+        await _door(self.store.close())
+
+    @property
+    def failed(self) -> StoreUnavailable | None:
+        """Set while the store cannot write (publishes are refused)."""
+        failed = self.store.failed
+        return None if failed is None else _unavailable(failed)
+
+    @property
+    def where(self) -> str:
+        return self.store.where
+
+    def stats(self) -> StoreStats:
+        return self.store.stats()
+
+    # -- ids -------------------------------------------------------------------
+
+    def take_ids(self, n: int) -> int:
+        """The first of `n` new ids, from a store that hands them out."""
+        try:
+            return self.store.take_ids(n)
+        except StoreError as exc:
+            raise _unavailable(exc) from exc
+
+    def ids_used(self, last_id: int) -> None:
+        if last_id > self.ceiling:
             self._reserve(last_id)
+
+    def _reserve(self, last_id: int) -> None:
+        # two blocks past the last id used, the next reservation due after one: the ids
+        # a publish takes were covered a block of ids earlier
+        self.reserved = last_id + 2 * ID_BLOCK
+        self.ceiling = last_id + ID_BLOCK
+        self.store.reserve_ids(self.reserved)
 
     # -- messages --------------------------------------------------------------
 
@@ -100,26 +235,13 @@ class Journal:
             to_wall(message.deliver_at),
             buried=buried,
             priority_was=priority_was,
-            # a claim exists only in a shared store: its owner alone may still change it
-            expect=expect if self.store.shares else "*",
+            expect=expect,
         )
 
-    def recorder(self, group: Group) -> GroupRecorder:
-        """The group's door for its deliveries and finishes (see GroupRecorder)."""
-        if self.store.shares:
-            return _ClaimRecorder(self.store, group.topic.name, group.name)
-        return self.store.recorder(group.topic.name, group.name)
-
-    async def kick(self, group: Group, n: int) -> tuple[int, list[Message]]:
-        """A shared store's buried (or deferred) messages: up to `n` of them ready again
-        now; how many there were, and which when the group is archived."""
-        return await self.store.kick(  # type: ignore[attr-defined,no-any-return]
-            group.topic.name, group.name, n, messages=group.archive is not None
-        )
-
-    def touched(self, group: Group, message: Message, deadline: float) -> None:
-        if self.store.shares:
-            self.store.touched(group.topic.name, group.name, message, to_wall(deadline))  # type: ignore[attr-defined]
+    def recorder(self, group: Group) -> Recorder:
+        """The group's door for its deliveries and finishes (see Recorder)."""
+        rec = self.store.recorder(group.topic.name, group.name)
+        return Recorder(rec.put, rec.delivered, rec.delivered_all, rec.finished)
 
     def removed(self, group: Group, messages: Iterable[Message]) -> None:
         self.store.remove(group.topic.name, group.name, messages)
@@ -127,34 +249,18 @@ class Journal:
     def backlog_removed(self, topic: Topic, messages: Iterable[Message]) -> None:
         self.store.remove(topic.name, None, messages)
 
-    def ids_used(self, last_id: int) -> None:
-        if last_id > self.ceiling:
-            self._reserve(last_id)
-
-    def _reserve(self, last_id: int) -> None:
-        # two blocks past the last id used, the next reservation due after one: the ids
-        # a publish takes were covered a block of ids earlier
-        self.reserved = last_id + 2 * ID_BLOCK
-        self.ceiling = last_id + ID_BLOCK
-        self.store.reserve_ids(self.reserved)
-
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         """Page in ready messages a durable store kept on disk, broker clock (due now)."""
-        return await self.store.load(group.topic.name, group.name, after, limit)
-
-    # -- reading a shared store (Redis): queue state other gateways changed ----------
+        return await _door(self.store.load(group.topic.name, group.name, after, limit))
 
     async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
-        """Message `msg_id` in the first (topic, groups) of `where` holding it; wall-clock
-        times as the store keeps them (query.py converts)."""
-        return await self.store.find(where, msg_id)  # type: ignore[attr-defined,no-any-return]
+        """Message `msg_id` in the first (topic, groups) of `where` a shared store holds it
+        in; wall-clock times as the store keeps them (query.py converts). A local store
+        has nothing the broker does not hold."""
+        return None
 
     async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
-        return await self.store.peek(topic, group, state, limit)  # type: ignore[attr-defined,no-any-return]
-
-    async def claim_id(self, group: Group, msg_id: int, lease: float) -> Message | None:
-        """One particular message claimed for a delivery here (beanstalkd reserve-job)."""
-        return await self.store.claim_id(group.topic.name, group.name, msg_id, lease)  # type: ignore[attr-defined,no-any-return]
+        return []
 
     # -- topics and groups -----------------------------------------------------
 
@@ -180,94 +286,119 @@ class Journal:
         self.store.set_paused(topic.name, None if group is None else group.name, paused)
 
 
-class _ClaimRecorder(GroupRecorder):
-    """A shared store's: a delivery keeps the claim of this gateway until its deadline."""
+class _ClaimRecorder(Recorder):
+    """A shared store's: a delivery keeps this gateway's claim until its deadline."""
 
-    __slots__ = ()
+    __slots__ = ("_group", "_store", "_topic")
 
-    def delivered(self, message: Message, deadline: float) -> None:
-        self.store.claimed(self.topic, self.group, message, to_wall(deadline))  # type: ignore[attr-defined]
+    def __init__(self, store: SharedStore, topic: str, group: str) -> None:
+        self._store, self._topic, self._group = store, topic, group
+        rec = store.recorder(topic, group)
+        super().__init__(rec.put, self._delivered, self._delivered_all, rec.finished)
 
+    def _delivered(self, entry: InFlight) -> None:
+        self._store.claimed(self._topic, self._group, entry.message, to_wall(entry.deadline))
 
-class _NullRecorder(GroupRecorder):
-    __slots__ = ()
+    def _delivered_all(self, entries: Iterable[InFlight]) -> None:
+        for entry in entries:
+            self._delivered(entry)
 
-    def put(self, messages: Sequence[Message], due: float) -> None:
-        pass
-
-    def delivered(self, message: Message, deadline: float) -> None:
-        pass
-
-    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
-        pass
-
-    def finished(self, message: Message) -> None:
-        pass
+    def touched(self, message: Message, deadline: float) -> None:
+        self._store.touched(self._topic, self._group, message, to_wall(deadline))
 
 
-_NULL_RECORDER = _NullRecorder(None, "", "")  # type: ignore[arg-type]
+class SharedJournal(Journal):
+    """The door to a store several gateways share: its claims, kicks and reads too."""
+
+    __slots__ = ("claims", "shared_store")
+
+    fans_out = True
+
+    def __init__(self, store: SharedStore, window: int) -> None:
+        # the store keeps every stored group's queue: nothing to page
+        super().__init__(store, 0)
+        self.shared_store = store
+        self.claims: Claims | None = None
+
+    def backend(self, broker: Broker) -> Claims:
+        self.claims = Claims(broker, self)
+        self.shared_store.on_notify = self.claims.notified
+        return self.claims
+
+    def queue(self, group: Group) -> Queue:
+        assert self.claims is not None, "the broker makes its backend first"
+        return SharedQueue(group, self.claims, self)
+
+    def recorder(self, group: Group) -> Recorder:
+        return _ClaimRecorder(self.shared_store, group.topic.name, group.name)
+
+    async def claim(self, group: Group, n: int, lease: float) -> tuple[list[Message], float | None]:
+        """Up to `n` of the group's most urgent ready messages, claimed here for `lease`
+        seconds, and when (broker clock) something else of the group becomes due, if
+        anything does. The claim rides behind everything recorded before it."""
+        claim = self.shared_store.claim(group.topic.name, group.name, n, lease)
+        msgs, due, _expired = await _door(claim)
+        if not due:
+            return msgs, None
+        return msgs, trio.current_time() + max(due - time.time(), 0.0)
+
+    async def claim_id(self, group: Group, msg_id: int, lease: float) -> Message | None:
+        """One particular message claimed for a delivery here (beanstalkd reserve-job)."""
+        return await _door(self.shared_store.claim_id(group.topic.name, group.name, msg_id, lease))
+
+    async def kick(self, group: Group, n: int) -> tuple[int, list[Message]]:
+        """Up to `n` buried (or deferred) messages ready again now; how many there were,
+        and which when the group is archived."""
+        archived = group.archive is not None
+        return await _door(
+            self.shared_store.kick(group.topic.name, group.name, n, messages=archived)
+        )
+
+    async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
+        return await _door(self.shared_store.find(where, msg_id))
+
+    async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
+        return await _door(self.shared_store.peek(topic, group, state, limit))
+
+    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
+        """Every topic, its pause and its groups with theirs, as all gateways made them,
+        read after everything recorded here is written."""
+        await self.flush()
+        return await _door(self.shared_store.registry())
+
+    async def holding(self, topics: Sequence[str]) -> set[str]:
+        return await _door(self.shared_store.holding(topics))
+
+    async def counts(self, topics: Sequence[tuple[str, Sequence[str]]]) -> list[list[GroupCounts]]:
+        return await _door(self.shared_store.counts(topics))
 
 
 class _NullJournal(Journal):
-    """For ephemeral topics and groups: records nothing."""
+    """For ephemeral topics and groups: records nothing (every recording call is a no-op,
+    set below), and its groups' queues are in memory only."""
 
     __slots__ = ()
 
     def __init__(self) -> None:
         super().__init__(None)  # type: ignore[arg-type]
 
-    def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
-        pass
-
-    def changed(
-        self,
-        group: Group,
-        message: Message,
-        *,
-        buried: bool = False,
-        priority_was: int | None = None,
-        expect: str = "*",
-    ) -> None:
-        pass
-
-    def recorder(self, group: Group) -> GroupRecorder:
+    def recorder(self, group: Group) -> Recorder:
         return _NULL_RECORDER
-
-    def touched(self, group: Group, message: Message, deadline: float) -> None:
-        pass
-
-    def removed(self, group: Group, messages: Iterable[Message]) -> None:
-        pass
-
-    def backlog_removed(self, topic: Topic, messages: Iterable[Message]) -> None:
-        pass
-
-    def ids_used(self, last_id: int) -> None:
-        pass
 
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         return []
 
-    def topic_added(self, topic: Topic) -> None:
-        pass
 
-    def topic_dropped(self, topic: Topic) -> None:
-        pass
+def _nothing(*args: object, **kwargs: object) -> None:
+    pass
 
-    def group_added(self, group: Group) -> None:
-        pass
 
-    def group_dropped(self, group: Group) -> None:
-        pass
+for _call in (
+    *("put", "changed", "removed", "backlog_removed", "ids_used", "topic_added"),
+    *("topic_dropped", "group_added", "group_dropped", "backlog_fanned_out", "cleared", "paused"),
+):
+    setattr(_NullJournal, _call, _nothing)
 
-    def backlog_fanned_out(self, topic: Topic, groups: Sequence[Group]) -> None:
-        pass
-
-    def cleared(self, topic: Topic, group: Group | None) -> None:
-        pass
-
-    def paused(self, topic: Topic, group: Group | None, paused: bool) -> None:
-        pass
-
+_NULL_RECORDER = Recorder(_nothing, _nothing, _nothing, _nothing)
 
 NULL_JOURNAL: Journal = _NullJournal()

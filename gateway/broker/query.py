@@ -10,8 +10,8 @@ A *view* is what a reader looks at on a topic: one of its groups, or the topic i
 when its messages wait in the backlog for a first group (beanstalkd shows a tube in that
 state with ready and delayed jobs).
 
-Counts include what a durable store keeps past a group's memory window (`Group.spilled`,
-ready messages only); peeks and lists look at memory, whose window holds the most urgent
+Counts include what a durable store keeps past a group's memory window (its queue's
+`spilled`, ready messages only); peeks and lists look at memory, whose window holds the most urgent
 messages, so what they show is what would be delivered next.
 """
 
@@ -33,7 +33,7 @@ from gateway.model import DEFAULT_PRIORITY, Message
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
-    from gateway.stores.redis_reads import Found
+    from gateway.stores.base import Found
 
 State = Literal["ready", "delayed", "reserved", "buried"]
 View = Group | Topic
@@ -152,15 +152,15 @@ def _name(item: Topic | Group) -> str:
 
 
 def ready_count(g: Group) -> int:
-    return len(g.ready) + g.spilled + g.remote_ready
+    return g.depth
 
 
 def spilled_count(g: Group) -> int:
-    return g.spilled
+    return g.queue.spilled
 
 
 def delayed_count(g: Group) -> int:
-    return len(g.deferred) + g.remote_deferred
+    return len(g.deferred) + g.queue.stored_delayed
 
 
 def reserved_count(g: Group) -> int:
@@ -168,7 +168,7 @@ def reserved_count(g: Group) -> int:
 
 
 def buried_count(g: Group) -> int:
-    return len(g.buried) + g.remote_buried
+    return len(g.buried) + g.queue.stored_buried
 
 
 def urgent_count(g: Group) -> int:
@@ -177,21 +177,15 @@ def urgent_count(g: Group) -> int:
 
 def holds_messages(g: Group) -> bool:
     """True while the group keeps any message, in whatever state."""
+    q = g.queue
     return bool(
-        g.ready
-        or g.spilled
-        or g.deferred
-        or g.buried
-        or g.in_flight
-        or g.remote_ready
-        or g.remote_deferred
-        or g.remote_buried
+        g.depth or g.deferred or g.buried or g.in_flight or q.stored_delayed or q.stored_buried
     )
 
 
 def backlog_depth(t: Topic) -> int:
     """Messages waiting in the topic backlog, due or not (nsqd's topic depth)."""
-    return len(t.backlog) + t.remote_backlog
+    return t.depth
 
 
 def counts(view: View, now: float | None = None) -> Counts:
@@ -266,8 +260,8 @@ def peek_buried(view: View) -> Message | None:
     """The oldest buried message (the one a kick takes first); a backlog buries none."""
     if isinstance(view, Group) and view.buried:
         return next(iter(view.buried.values()))
-    if isinstance(view, Group) and view.remote_buried_head is not None:
-        return view.remote_buried_head  # a shared store's, as last refreshed
+    if isinstance(view, Group) and view.queue.stored_buried_head is not None:
+        return view.queue.stored_buried_head  # a shared store's, as last refreshed
     return None
 
 
@@ -363,14 +357,14 @@ def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
 
 def shared(broker: Broker) -> bool:
     """True when the queues are in a store several gateways share (Redis)."""
-    return broker.claims is not None
+    return broker.journal.fans_out
 
 
 def _stored(view: View) -> tuple[str, str] | None:
     """(topic, group) in a shared store for a view ("" is the topic backlog), or None."""
     if isinstance(view, Group):
-        return (view.topic.name, view.name) if view.shared else None
-    return (view.name, "") if view.shared and not view.groups else None
+        return (view.topic.name, view.name) if view.queue.elsewhere else None
+    return (view.name, "") if view.store_fans_out and not view.groups else None
 
 
 def _located(found: Found, t: Topic, g: Group | None) -> Located:
@@ -401,7 +395,7 @@ async def find(
 ) -> Located | None:
     """`locate_in`, then the shared store: one round trip over every topic's view."""
     found = locate_in(broker, msg_id, view_of)
-    if found is not None or broker.claims is None:
+    if found is not None or not shared(broker):
         return found
     views: dict[str, View] = {}
     where: list[tuple[str, list[str]]] = []

@@ -29,10 +29,11 @@ class Topic:
         self.message_bytes = 0
         self.published_by: dict[str, int] = {}  # publisher protocol -> messages
         self.journal = NULL_JOURNAL if ephemeral else broker.messages_journal
-        # a shared store (Redis) decides which groups a publish goes to, atomically, and
-        # keeps the backlog; its depth there, as last refreshed (claims.py)
-        self.shared = not ephemeral and broker.claims is not None
-        self.remote_backlog = 0
+        # A shared store decides which groups a publish goes to, atomically (other
+        # gateways' groups count too), and keeps the backlog; its depth there, as last
+        # refreshed (claims.py). Chosen by the journal, once.
+        self.store_fans_out = self.journal.fans_out
+        self.stored_backlog = 0
         # this topic's archive recorder; None when archiving is off or leaves it out
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None
@@ -45,7 +46,7 @@ class Topic:
         n = len(messages)
         self.message_count += n
         self.message_bytes += len(bodies[0]) if n == 1 else sum(map(len, bodies))
-        if self.shared:
+        if self.store_fans_out:
             self.journal.put(self, (), messages)
             local = [g for g in self.groups.values() if g.ephemeral]
             if local and not self.paused:
@@ -144,4 +145,9 @@ class Topic:
 
     @property
     def depth(self) -> int:
-        return len(self.backlog) + self.remote_backlog
+        return len(self.backlog) + self.stored_backlog
+
+    @property
+    def shared(self) -> bool:
+        """Other gateways may publish to this topic at any moment (a shared store)."""
+        return self.store_fans_out

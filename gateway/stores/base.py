@@ -22,7 +22,7 @@ Rules every store keeps (the contract suite in tests/contract/ checks them):
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -77,18 +77,18 @@ class StoreStats:
 
 
 class Delivery(Protocol):
-    """One delivery as the broker records it (its InFlight entry)."""
+    """One delivery as the broker records it (its InFlight entry): the store reads its
+    message only (a deadline crosses the boundary wall-clock, through `claimed`)."""
 
     message: Message
-    deadline: float
 
 
 class GroupRecorder:
-    """One group's door for the calls made on every message (a publish into this group
-    alone, a delivery, a finish),
-    with the topic's and group's names bound once: the broker's hot paths make one call
-    here instead of a journal call and a store call that looks the group up by name. A
-    store may return its own, bound to its record of the group (the memory store does)."""
+    """One group's calls made on every message (a publish into this group alone, a
+    delivery, a finish), with the topic's and group's names bound once: the journal binds
+    these methods into the group's recorder, so a hot path makes one call instead of a
+    journal call and a store call that looks the group up by name. A store may return its
+    own, bound to its record of the group (the memory store does)."""
 
     __slots__ = ("group", "store", "topic")
 
@@ -101,16 +101,15 @@ class GroupRecorder:
         """One publish's messages into this group alone (Store.put with one group)."""
         self.store.put(self.topic, (self.group,), messages, due)
 
-    def delivered(self, message: Message, deadline: float) -> None:
+    def delivered(self, delivery: Delivery) -> None:
         """Delivered: ready as far as the store knows, with the attempt counted, so that a
-        crash now brings it back with attempts + 1. `deadline` (broker clock) matters to
-        a shared store only, which keeps the message claimed until then."""
-        self.store.update(self.topic, self.group, message, 0.0)
+        crash now brings it back with attempts + 1 (a shared store's claims are `claimed`)."""
+        self.store.update(self.topic, self.group, delivery.message, 0.0)
 
     def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
         """`delivered` for each of a batch of deliveries to one consumer."""
         for d in deliveries:
-            self.delivered(d.message, d.deadline)
+            self.delivered(d)
 
     def finished(self, message: Message) -> None:
         """Acknowledged (NSQ FIN, beanstalkd delete of a reserved job)."""
@@ -123,8 +122,8 @@ class Store(abc.ABC):
     # broker to page in with `load()`; a store without paging returns everything
     pages: ClassVar[bool] = False
     where: str = "memory"  # for log lines: the file or URL
-    # True when several gateways share the queues (Redis): the broker claims ready
-    # messages from the store instead of keeping them (gateway/broker/claims.py)
+    # True when several gateways share the queues (a SharedStore whose URL says so): the
+    # broker's journal then claims ready messages from it (gateway/broker/claims.py)
     shares: bool = False
     # True when the store hands out message ids (`take_ids`), unique across gateways
     allocates_ids: ClassVar[bool] = False
@@ -227,3 +226,75 @@ class Store(abc.ABC):
     async def close(self) -> None:
         """Flush and release resources."""
         await self.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One message as a shared store has it in one group ("" for the topic's backlog)."""
+
+    topic: str
+    group: str
+    state: str  # ready, delayed, reserved, buried
+    at: float  # wall clock: the claim's deadline (reserved) or the due time (delayed); 0
+    owner: str  # the gateway holding the claim ("" unless reserved)
+    message: Message
+
+
+# per group of a shared store: ready, deferred, claimed, buried, the oldest buried message
+GroupCounts = tuple[int, int, int, int, Message | None]
+
+
+class SharedStore(Store):
+    """A store several gateways may share (Redis): with `shares`, it is the authority for
+    every stored group's queue, and the broker's journal claims ready messages from it
+    instead of keeping them. All times are wall-clock seconds since the epoch."""
+
+    # shares: called with a topic whose messages were made ready (by any gateway)
+    on_notify: Callable[[str], None] | None = None
+
+    @abc.abstractmethod
+    async def claim(
+        self, topic: str, group: str, n: int, lease: float
+    ) -> tuple[list[Message], float, int]:
+        """Claim up to `n` ready messages of a group, most urgent first, for `lease`
+        seconds. Returns them, when something else becomes due (0: nothing), and how many
+        claims had expired."""
+
+    @abc.abstractmethod
+    async def claim_id(self, topic: str, group: str, msg_id: int, lease: float) -> Message | None:
+        """Claim one particular message (whatever its state) unless another gateway holds it."""
+
+    @abc.abstractmethod
+    def claimed(self, topic: str, group: str, message: Message, deadline: float) -> None:
+        """A claimed message was delivered: it stays claimed until `deadline`."""
+
+    @abc.abstractmethod
+    def touched(self, topic: str, group: str, message: Message, deadline: float) -> None:
+        """A delivery's deadline moved (TOUCH)."""
+
+    @abc.abstractmethod
+    async def kick(
+        self, topic: str, group: str, n: int, *, messages: bool = False
+    ) -> tuple[int, list[Message]]:
+        """Up to `n` buried (none buried: deferred) messages ready again; how many, and
+        with `messages` which."""
+
+    @abc.abstractmethod
+    async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
+        """Message `msg_id` in the first of `where`'s (topic, groups) that holds it."""
+
+    @abc.abstractmethod
+    async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
+        """The first `limit` messages of a group in `state`, in the order they leave it."""
+
+    @abc.abstractmethod
+    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
+        """Every topic, its pause, and its groups with theirs."""
+
+    @abc.abstractmethod
+    async def holding(self, topics: Sequence[str]) -> set[str]:
+        """Those of `topics` that have messages in the store."""
+
+    @abc.abstractmethod
+    async def counts(self, topics: Sequence[tuple[str, Sequence[str]]]) -> list[list[GroupCounts]]:
+        """For each (topic, groups), per group its counts ("" first: the backlog)."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from gateway.model import Message
 from gateway.stores.base import (
+    Delivery,
     GroupRecorder,
     Store,
     StoredGroup,
@@ -82,7 +83,8 @@ class _Recorder(GroupRecorder):
         if last > store._last_id:  # type: ignore[attr-defined]
             store._last_id = last  # type: ignore[attr-defined]
 
-    def delivered(self, message: Message, deadline: float) -> None:
+    def delivered(self, delivery: Delivery) -> None:
+        message = delivery.message
         g = self._record
         g.messages[message.id] = (message, message.attempts, message.priority, 0.0)
         if g.buried:

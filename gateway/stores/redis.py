@@ -28,7 +28,15 @@ from typing import Any
 import trio
 
 from gateway.model import Message
-from gateway.stores.base import Key, Store, StoredGroup, StoredState, StoredTopic, StoreError
+from gateway.stores.base import (
+    GroupCounts,
+    Key,
+    SharedStore,
+    StoredGroup,
+    StoredState,
+    StoredTopic,
+    StoreError,
+)
 from gateway.stores.redis_codec import (
     IDS_KEY,
     NOTIFY,
@@ -71,7 +79,7 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-class RedisStore(SharedReads, Store):
+class RedisStore(SharedReads, SharedStore):
     durable = True
     pages = True
     allocates_ids = True
@@ -94,7 +102,6 @@ class RedisStore(SharedReads, Store):
         self._next_block: tuple[int, int] | None = None
         self._block_wanted = trio.Event()
         self._top_id = 0  # the highest id this store handed out or was told about
-        self.on_notify: Any = None  # shared: called with a topic another gateway fed
 
     # -- opening ---------------------------------------------------------------
 
@@ -454,9 +461,7 @@ class RedisStore(SharedReads, Store):
         nxt, expired, flat = await self._write(op)
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
-    async def counts(
-        self, topics: Sequence[tuple[str, Sequence[str]]]
-    ) -> list[list[tuple[int, int, int, int, Message | None]]]:
+    async def counts(self, topics: Sequence[tuple[str, Sequence[str]]]) -> list[list[GroupCounts]]:
         """Shared: for each (topic, groups), per group (ready, deferred, claimed, buried,
         the oldest buried message) as Redis has them; one pipeline for all topics."""
         ops = [("gw_counts", topic_key(t), list(groups)) for t, groups in topics]

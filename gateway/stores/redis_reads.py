@@ -13,24 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.model import Message
-from gateway.stores.base import StoreError
+from gateway.stores.base import Found, StoreError
 from gateway.stores.redis_codec import TOPICS_KEY, hex_id, topic_key, unpack_flat
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """One message as Redis has it in one group ("" for the topic's backlog)."""
-
-    topic: str
-    group: str
-    state: str  # ready, delayed, reserved, buried
-    at: float  # wall clock: the claim's deadline (reserved) or the due time (delayed); 0
-    owner: str  # the gateway holding the claim ("" unless reserved)
-    message: Message
 
 
 class SharedReads:

@@ -14,6 +14,7 @@ import trio.testing
 from gateway.archive.read import read_archive
 from gateway.archive.writer import Archive
 from gateway.broker import Broker
+from gateway.broker.claims import Claims
 from gateway.broker.group import Consumer
 from gateway.model import Message
 from gateway.stores import open_store
@@ -104,7 +105,7 @@ async def test_a_dead_gateways_claims_come_back_with_attempts_counted(
             await until(lambda: len(held.got) == 10)
             await a.flush()
             nursery.cancel_scope.cancel()  # gateway A dies: nothing returned
-        await a.store.link.close()
+        await a.journal.store.link.close()  # type: ignore[attr-defined]
         gb = b.group("t", "c")
         sb = Finisher()
         gb.attach(sb, 60).set_ready(100)
@@ -120,15 +121,15 @@ async def test_registry_and_depth_are_the_same_on_every_gateway(
         a.group("orders", "audit")
         a.publish("orders", [b"x"] * 25)
         await a.flush()
-        assert b.claims is not None and a.claims is not None
-        await b.claims.refresh()
-        await a.claims.refresh()
+        assert isinstance(b.queues, Claims) and isinstance(a.queues, Claims)
+        await b.queues.refresh()
+        await a.queues.refresh()
         gb = b.topics["orders"].groups["audit"]
         ga = a.topics["orders"].groups["audit"]
         assert gb.depth == ga.depth == 25
         gb.pause()
         await b.flush()
-        await a.claims.refresh()
+        await a.queues.refresh()
         assert ga.paused
 
 
@@ -153,9 +154,9 @@ async def test_requeue_and_bury_go_back_to_redis_for_any_gateway(
         gb.attach(sb, 60).set_ready(10)
         await until(lambda: len(sb.got) == 1)
         assert sb.got[0].body == b"one" and sb.got[0].attempts == 2
-        assert b.claims is not None
-        await b.claims.refresh()
-        assert gb.remote_buried == 1
+        assert isinstance(b.queues, Claims)
+        await b.queues.refresh()
+        assert gb.queue.stored_buried == 1
 
 
 async def test_a_publish_is_stored_once_and_goes_with_its_last_entry(
@@ -248,12 +249,12 @@ async def test_a_batch_of_thousands_of_finishes_is_one_write_that_succeeds(
         with trio.fail_after(10):
             await a.flush()
         await until(lambda: query_depth(a) == 0)
-        assert a.store.failed is None  # type: ignore[attr-defined]
+        assert a.store_failed is None
 
 
 def query_depth(b: Broker) -> int:
     g = b.topics["t"].groups["c"]
-    return g.depth + len(g.in_flight) + g.remote_deferred + g.remote_buried
+    return g.depth + len(g.in_flight) + g.queue.stored_delayed + g.queue.stored_buried
 
 
 class ReplyCutter:
@@ -325,7 +326,7 @@ async def test_a_put_sent_again_after_its_reply_was_lost_is_applied_once(
             cb.set_ready(4)  # b takes part of the put while a does not know it was applied
             await until(lambda: len(on_b.got) >= 4)
             assert len(on_b.got) == 4, [m.body for m in on_b.got]
-            await until(lambda: not a.store._pending and a.store.failed is None)  # type: ignore[attr-defined]
+            await until(lambda: not a.journal.store._pending and a.store_failed is None)  # type: ignore[attr-defined]
             on_a = Finisher(hold=True)
             ga.attach(on_a, 600).set_ready(100)
             cb.set_ready(100)
@@ -379,7 +380,7 @@ async def test_a_publish_after_another_gateway_deleted_the_topic_makes_it_anew(
         await b.flush()
         a.publish("t", [b"after"])
         await a.flush()
-        await until(lambda: "t" in b.topics and b.topics["t"].remote_backlog == 1)
+        await until(lambda: "t" in b.topics and b.topics["t"].stored_backlog == 1)
         assert "t" in a.topics and not a.topics["t"].groups
         s = Finisher(hold=True)
         b.group("t", "c2").attach(s, 60).set_ready(1)

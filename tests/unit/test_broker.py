@@ -258,7 +258,7 @@ async def test_a_window_refilled_at_once_is_recorded_before_the_sink_sees_it() -
         b.publish("t", [b"x", b"y"])
         assert g.finish_count == 6 and not g.in_flight and c.in_flight == 0
         # the memory store holds nothing for them (a restart would not bring them back)
-        assert not b.store._topics["t"].groups["c"].messages  # type: ignore[attr-defined]
+        assert not b.journal.store._topics["t"].groups["c"].messages  # type: ignore[attr-defined]
 
 
 async def test_a_sink_that_lets_its_consumer_go_mid_batch_gets_no_more() -> None:
@@ -351,6 +351,7 @@ async def test_each_group_counts_its_own_attempts() -> None:
 
 
 async def test_a_failing_store_refuses_only_what_it_would_keep() -> None:
+    from gateway.broker import StoreUnavailable
     from gateway.stores.base import StoreError
 
     store = MemoryStore()
@@ -358,9 +359,9 @@ async def test_a_failing_store_refuses_only_what_it_would_keep() -> None:
     await b.open()
     b.group("kept", "g")
     store.failed = StoreError("store x: write failed: disk full")
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreUnavailable, match="disk full"):  # the broker's, not the store's
         b.publish("kept", [b"a"])
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreUnavailable):
         b.publish("new-topic", [b"a"])  # it would be made, and kept
     assert "new-topic" not in b.topics
     # a subject nobody keeps (NATS, at most once) and an ephemeral topic go on

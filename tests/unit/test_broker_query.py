@@ -55,7 +55,7 @@ async def test_group_counts_per_state_and_spilled_ready() -> None:
         assert query.counts(g) == query.Counts(
             ready=2, delayed=2, reserved=1, buried=1, urgent=1, spilled=0
         )
-        g.spilled = 7  # a durable store holds seven more ready messages on disk
+        g.queue.spilled = 7  # a durable store holds seven more ready messages on disk
         c = query.counts(g)
         assert (c.ready, c.spilled) == (9, 7)
         assert query.ready_count(g) == 9
@@ -72,9 +72,9 @@ async def test_holds_messages_counts_spilled_ones() -> None:
     async with broker() as b:
         g = b.group("t", "g")
         assert not query.holds_messages(g)
-        g.spilled = 1
+        g.queue.spilled = 1
         assert query.holds_messages(g)
-        g.spilled = 0
+        g.queue.spilled = 0
         one(b, b"x", delay=5.0)
         assert query.holds_messages(g)
 

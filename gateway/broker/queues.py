@@ -1,0 +1,269 @@
+"""A group's queue backend: where its messages wait when they are not in its memory.
+
+A `Group` keeps what it holds in memory (ready, deferred, in flight, buried) and owns its
+queue through one `Queue`, chosen by the journal when the group is made:
+
+* `LocalQueue` (here): this gateway alone owns the queue. With a paging store (the durable
+  one) it keeps a bounded window of ready messages in memory and pages the rest in from
+  disk; otherwise everything is in memory.
+* `SharedQueue` (claims.py): a store several gateways share (Redis) keeps the queue; the
+  group holds only what it claimed for its consumers.
+
+The group tells its queue what happens at the points where the two differ (messages put,
+a consumer waiting, a message returned or buried, a kick), and reads its figures (what
+it holds elsewhere) from it; nothing above the queue asks which store is running.
+
+The memory window: past `window` ready messages, further ready ones stay on disk only
+(the store has them already): `spilled` of them, every one at or after `spill_from` in
+(priority, id) order and every one in memory before it, so the memory part is always the
+most urgent part. The pager task reads the next ones back, in order, when consumers drain
+the window below half. A message more urgent than anything on disk stays in memory even
+past the window.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import TYPE_CHECKING, ClassVar
+
+import trio
+
+from gateway.broker.errors import StoreUnavailable
+from gateway.model import Message
+from gateway.stores.base import Key
+
+if TYPE_CHECKING:
+    from gateway.broker.group import Consumer, Group
+
+NO_KEY: Key = (-1, -1)
+log = logging.getLogger("gateway.broker")
+
+
+class Queue(abc.ABC):
+    """The interface a group owns its queue through (see the module docstring). The
+    group calls it where the two backends differ; the hooks one of them does not need
+    do nothing here."""
+
+    # True when other gateways hold part of the queue (a shared store): reads of it
+    # (peeks, a message by id) then go to the store
+    elsewhere: ClassVar[bool] = False
+    # ready messages kept on disk past the memory window (a paging store's)
+    spilled = 0
+    # the group's messages in a shared store, per state, as last read there
+    stored_ready = stored_delayed = stored_buried = 0
+    stored_buried_head: Message | None = None
+
+    @abc.abstractmethod
+    def admit(self, messages: list[Message]) -> list[Message] | None:
+        """New messages, recorded already: those to queue in memory (None: none)."""
+
+    def starving(self) -> None:  # noqa: B027 - a hook, a no-op unless overridden
+        """Consumers have room and nothing is ready in memory."""
+
+    @abc.abstractmethod
+    def refill(self, waiting: bool) -> None:
+        """Ready messages left memory (`waiting`: consumers still have room)."""
+
+    @abc.abstractmethod
+    def push_ready(self, msg: Message) -> bool:
+        """Ready again (kick, promotion; recorded by the caller): False if it went to disk."""
+
+    @abc.abstractmethod
+    def returned(self, msg: Message, delay: float, now: float, priority_was: int | None) -> None:
+        """A delivery came back (requeue, timeout, a consumer leaving), to be ready after
+        `delay`; recorded here. `priority_was`: the priority last recorded."""
+
+    @abc.abstractmethod
+    def buried(self, msg: Message, priority_was: int | None) -> None:
+        """A delivery is buried (counted and archived by the group); recorded here."""
+
+    def detached(self) -> None:  # noqa: B027
+        """A consumer left."""
+
+    def emptied(self) -> None:  # noqa: B027
+        """The group dropped every message."""
+
+    def closing(self) -> None:  # noqa: B027
+        """A clean stop; everything delivered is back in the group."""
+
+    @abc.abstractmethod
+    async def kick(self, bound: int) -> int:
+        """beanstalkd kick: up to `bound` buried (none buried: deferred) messages ready
+        again, oldest first; how many."""
+
+    def kick_stored(self, msg: Message, *, buried: bool) -> None:  # noqa: B027
+        """beanstalkd kick-job of a message found in a shared store (query.find)."""
+
+    async def take_stored(self, consumer: Consumer, msg_id: int) -> Message | None:
+        """beanstalkd reserve-job of a message found in the store, for `consumer`."""
+        return None
+
+    async def delete_stored(self, msg_id: int) -> bool:
+        """beanstalkd delete of a message found in the store."""
+        return False
+
+
+class Pager:
+    """The broker's page-in task: groups whose memory window runs low, in order."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # per group; 0: everything in memory, nothing pages
+        self._wanted: dict[LocalQueue, None] = {}
+        self._event = trio.Event()
+
+    def want(self, queue: LocalQueue) -> None:
+        if queue not in self._wanted:
+            self._wanted[queue] = None
+            self._event.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._event.wait()
+            self._event = trio.Event()
+            while self._wanted:
+                queue = next(iter(self._wanted))
+                del self._wanted[queue]
+                await queue.page_in()
+
+
+class LocalQueue(Queue):
+    """This gateway's own queue: memory, with the bounded window of a paging store."""
+
+    def __init__(self, group: Group, pager: Pager) -> None:
+        self.group = group
+        self.pager = pager
+        self.window = pager.window
+        self.spilled = 0
+        self.spill_from: Key = NO_KEY
+        self._paging = False  # a page-in is under way
+        self._dropped_min: Key | None = None  # the least key spilled during it
+        self._generation = 0  # bumped by emptied(): a page-in that began before is void
+
+    def admit(self, messages: list[Message]) -> list[Message]:
+        if self.window and (self.spilled or len(self.group.ready) + len(messages) > self.window):
+            return self._spill(messages)
+        return messages
+
+    def _spill(self, messages: list[Message]) -> list[Message]:
+        """Leave on disk (already recorded) the ready ones past the window; returns the
+        ones to keep in memory. Deferred messages always stay in memory."""
+        keep: list[Message] = []
+        kept_top = NO_KEY  # the least urgent one kept so far (not in `ready` yet)
+        for msg in messages:
+            if msg.deliver_at == 0.0:
+                key = (msg.priority, msg.id)
+                if self._spills(key, len(keep), kept_top):
+                    continue
+                kept_top = max(kept_top, key)
+            keep.append(msg)
+        return keep
+
+    def _spills(self, key: Key, adding: int, kept_top: Key = NO_KEY) -> bool:
+        """Whether a ready message with `key` stays on disk only (and is counted there).
+        `adding`, `kept_top`: how many are about to join the ready queue, and the least
+        urgent of them."""
+        if not self.spilled:
+            if len(self.group.ready) + adding < self.window:
+                return False
+            # The window is full: spill from here, but never before a message in memory
+            # (a page-in reads everything on disk from `spill_from` on, and would load a
+            # second copy of it).
+            top = max(self.group.ready.max_key() or NO_KEY, kept_top)
+            self.spill_from = max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
+        if key < self.spill_from:
+            return False  # more urgent than anything on disk: memory, past the window
+        self.spilled += 1
+        if self._paging and (self._dropped_min is None or key < self._dropped_min):
+            self._dropped_min = key
+        return True
+
+    def refill(self, waiting: bool) -> None:
+        if self.spilled and not self._paging and len(self.group.ready) <= self.window // 2:
+            self.pager.want(self)
+
+    def push_ready(self, msg: Message) -> bool:
+        if self.spilled and self._spills((msg.priority, msg.id), 0):
+            return False
+        self.group.ready.push(msg)
+        return True
+
+    def returned(self, msg: Message, delay: float, now: float, priority_was: int | None) -> None:
+        group = self.group
+        if delay > 0:
+            msg.deliver_at = now + delay
+            group.defer(msg)
+        else:
+            msg.deliver_at = 0.0
+            self.push_ready(msg)
+        group.journal.changed(group, msg, priority_was=priority_was)
+
+    def buried(self, msg: Message, priority_was: int | None) -> None:
+        group = self.group
+        group.buried[msg.id] = msg
+        group.journal.changed(group, msg, buried=True, priority_was=priority_was)
+
+    def emptied(self) -> None:
+        self.spilled = 0
+        self._generation += 1
+
+    def restored(self, spilled: int) -> None:
+        """After a restart: `spilled` ready messages were left on disk, after memory's."""
+        self.spilled = spilled
+        top = self.group.ready.max_key()
+        self.spill_from = (top[0], top[1] + 1) if top is not None else NO_KEY
+
+    async def kick(self, bound: int) -> int:
+        return self.group.kick(bound)
+
+    async def page_in(self) -> None:
+        """Load the next ready messages kept on disk into the window (the pager task
+        calls this when the window runs low)."""
+        group = self.group
+        if not self.spilled or self._paging or group.deleted:
+            return
+        self._paging = True
+        self._dropped_min = None
+        generation = self._generation
+        start = self.spill_from
+        # A message in flight is on disk as ready (its record counts the delivery), and
+        # may sort after `spill_from` (delivered before spilling began, or less urgent
+        # than what spilled): the read may find it, and must not load it again. Those
+        # in flight now, and those finished during the read (their removal may not be
+        # written yet).
+        busy = set(group.in_flight)
+        try:
+            rows = await group.journal.load(group, start, max(self.window - len(group.ready), 1))
+        except StoreUnavailable as exc:
+            log.error("topic %s group %s: paging in failed: %s", group.topic.name, group.name, exc)
+            return
+        finally:
+            self._paging = False
+        if generation != self._generation or group.deleted:
+            return
+        dropped = self._dropped_min
+        if dropped is not None:
+            rows = [m for m in rows if (m.priority, m.id) < dropped]
+        in_flight = group.in_flight
+        msgs = [m for m in rows if m.id not in busy and m.id not in in_flight]
+        if rows:
+            last = rows[-1]
+            after = (last.priority, last.id + 1)
+            self.spill_from = after if dropped is None or after < dropped else dropped
+        elif dropped is not None:
+            self.spill_from = dropped
+        else:
+            # the store has none left where some were counted: trust the store
+            log.warning(
+                "topic %s group %s: %d messages counted on disk were not found",
+                group.topic.name,
+                group.name,
+                self.spilled,
+            )
+            self.spilled = 0
+        ready = group.ready
+        for msg in msgs:
+            ready.push(msg)
+        self.spilled = max(self.spilled - len(msgs), 0)
+        group.pump()
+        self.refill(False)
