@@ -9,10 +9,6 @@ queue through one `Queue`, chosen by the journal when the group is made:
 * `SharedQueue` (claims.py): a store several gateways share (Redis) keeps the queue; the
   group holds only what it claimed for its consumers.
 
-The group tells its queue what happens at the points where the two differ (messages put,
-a consumer waiting, a message returned or buried, a kick), and reads its figures (what
-it holds elsewhere) from it; nothing above the queue asks which store is running.
-
 The memory window: past `window` ready messages, further ready ones stay on disk only
 (the store has them already): `spilled` of them, every one at or after `spill_from` in
 (priority, id) order and every one in memory before it, so the memory part is always the
@@ -41,9 +37,9 @@ log = logging.getLogger("gateway.broker")
 
 
 class Queue(abc.ABC):
-    """The interface a group owns its queue through (see the module docstring). The
-    group calls it where the two backends differ; the hooks one of them does not need
-    do nothing here."""
+    """The interface a group owns its queue through: the group calls it where the two
+    backends differ and reads its figures; nothing above it asks which store runs. A
+    hook one backend does not need does nothing here."""
 
     # True when other gateways hold part of the queue (a shared store): reads of it
     # (peeks, a message by id) then go to the store
