@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from gateway.addresses import parse_address, parse_route_url
+
 # the guarding sections live in config_guard.py; they are part of this model, and
 # imported from here like every other section
 from gateway.config_guard import (
@@ -40,37 +42,6 @@ from gateway.config_guard import (
 from gateway.config_rocketmq import RocketMQSettings
 
 OFF = "off"
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    """`host:port` (IPv6 as `[::1]:port`) -> (host, port). Port 0 picks a free port."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"address must be host:port or 'off', got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    number = int(port)
-    if number > 65535:
-        raise ValueError(f"port out of range in {value!r}")
-    return host, number
-
-
-def parse_route_url(url: str) -> tuple[str, int, str | None, str | None]:
-    """`nats://[user:pass@]host:port` (also nats-route:// and tls://) -> parts."""
-    from urllib.parse import unquote, urlsplit
-
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    if parts.scheme not in ("nats", "nats-route", "tls", "route"):
-        raise ValueError(f"route URL must be nats://host:port, got {url!r}")
-    try:
-        port = parts.port
-    except ValueError as e:
-        raise ValueError(f"bad port in route URL {url!r}") from e
-    if not parts.hostname or port is None:
-        raise ValueError(f"route URL must be nats://host:port, got {url!r}")
-    user = unquote(parts.username) if parts.username else None
-    password = unquote(parts.password) if parts.password else None
-    return parts.hostname, port, user, password
 
 
 class NSQDSettings(_Section):

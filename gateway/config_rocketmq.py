@@ -3,8 +3,11 @@ nameserver and broker. Part of the settings model in config.py."""
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field, field_validator
 
+from gateway.addresses import parse_address
 from gateway.config_guard import _Section
 
 
@@ -58,10 +61,6 @@ class RocketMQSettings(_Section):
     @classmethod
     def _advertise(cls, value: str | None) -> str | None:
         if value is not None:
-            import ipaddress
-
-            from gateway.config import parse_address  # config.py imports this module
-
             host, _ = parse_address(value)
             try:
                 ipaddress.IPv4Address(host)

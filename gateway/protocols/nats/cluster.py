@@ -21,9 +21,9 @@ from typing import Any
 
 import trio
 
+from gateway.addresses import parse_route_url
 from gateway.broker import Broker, query
 from gateway.broker.errors import StoreUnavailable
-from gateway.config import parse_route_url
 from gateway.metrics import Metrics
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
