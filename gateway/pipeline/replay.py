@@ -17,13 +17,16 @@ import argparse
 import contextlib
 import functools
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.archive.events import PUBLISHED
+from gateway.pipeline import command
 from gateway.pipeline.events import ending_with, load_events
+from gateway.pipeline.session import PipelineError, check_archive, one_line
 from gateway.pipeline.targets import ReplayError, Target, batches
 
 if TYPE_CHECKING:
@@ -133,13 +136,41 @@ def run(spark: Any, options: Options) -> Result:
     return Result(published + failed, published, failed, errors[0] if errors else "")
 
 
+def run_command(args: argparse.Namespace) -> int:
+    """The job from parsed arguments (command.py's): the target probed before Spark
+    starts, its outcome in a few lines, an error in one."""
+    log: Path = args.spark_log or Path(tempfile.gettempdir()) / "gateway-pipeline-replay.log"
+    try:
+        since, until = command.times(args)
+        target = Target.parse(args.to)
+        target.probe()
+        check_archive(args.archive)
+        # a failed publish is counted, never retried: at most once per message per replay
+        conf = {"spark.task.maxFailures": "1"}
+        spark = command.spark_session("gateway pipeline replay", args, log, **conf)
+    except PipelineError as exc:
+        return command.fail(str(exc))
+    try:
+        options = Options(args.archive, args.topic, args.event, target, since, until)
+        result = run(spark, options)
+        print(f"spark application {spark.sparkContext.applicationId}")
+        print(f"read {result.read}, published {result.published}, failed {result.failed}")
+        if result.failed:
+            return command.fail(f"{result.failed} publishes to {target.url} failed: {result.error}")
+        return 0
+    except PipelineError as exc:
+        return command.fail(str(exc))
+    except Exception as exc:
+        return command.fail(f"replay failed: {one_line(exc)} (Spark's log: {log})")
+    finally:
+        spark.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The job as spark-submit runs it (or `gateway pipeline replay`, through cli.py)."""
-    from gateway.pipeline.cli import add_replay_arguments, run_replay
-
     parser = argparse.ArgumentParser(prog="replay.py", description=__doc__.split("\n\n")[0])
-    add_replay_arguments(parser)
-    return run_replay(parser.parse_args(argv))
+    command.add_replay_arguments(parser)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gateway.archive.events import ACKNOWLEDGED, BURIED, DELIVERED, EVENTS, PUBLISHED
+from gateway.pipeline import command
 from gateway.pipeline.events import ending_with, load_events
+from gateway.pipeline.session import PipelineError, check_archive, one_line
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -249,13 +251,40 @@ def run(spark: SparkSession, options: Options) -> tuple[Report, Path]:
     return report, write(report, options.out, title=title)
 
 
+def run_command(args: argparse.Namespace) -> int:
+    """The job from parsed arguments (command.py's): checked before Spark starts, its
+    outcome in a few lines, an error in one."""
+    log: Path = args.spark_log or args.out / "spark.log"
+    try:
+        since, until = command.times(args)
+        check_archive(args.archive)
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PipelineError(f"--out {args.out}: {exc.strerror or exc}") from None
+        spark = command.spark_session("gateway pipeline report", args, log)
+    except PipelineError as exc:
+        return command.fail(str(exc))
+    try:
+        options = Options(args.archive, args.out, since, until, args.topic)
+        result, html = run(spark, options)
+        print(f"spark application {spark.sparkContext.applicationId}")
+        print(f"{result.events} events, {len(result.tables['by_topic'])} topics")
+        print(f"report: {html.resolve()}")
+        return 0
+    except PipelineError as exc:
+        return command.fail(str(exc))
+    except Exception as exc:  # Spark's errors: one line here, the rest in its log
+        return command.fail(f"report failed: {one_line(exc)} (Spark's log: {log})")
+    finally:
+        spark.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The job as spark-submit runs it (or `gateway pipeline report`, through cli.py)."""
-    from gateway.pipeline.cli import add_report_arguments, run_report
-
     parser = argparse.ArgumentParser(prog="report.py", description=__doc__.split("\n\n")[0])
-    add_report_arguments(parser)
-    return run_report(parser.parse_args(argv))
+    command.add_report_arguments(parser)
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
