@@ -13,6 +13,10 @@ from __future__ import annotations
 import logging
 import ssl
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.config_guard import TLSSettings
 
 log = logging.getLogger("gateway")
 
@@ -80,3 +84,37 @@ class Certificates:
             return False
         log.info("TLS certificate reloaded from %s (%d contexts)", self.cert, len(self.contexts))
         return True
+
+
+@dataclass
+class ListenerContexts:
+    """Every listener's server context, made from the shared `tls_cert`/`tls_key` pair or
+    a `[tls.<listener>]` pair of its own, and every pair behind them: one SIGHUP reloads
+    them all."""
+
+    settings: TLSSettings
+    shared: Certificates | None  # tls_cert and tls_key, when both are set
+    own: list[Certificates] = field(default_factory=list)  # [tls.<listener>] pairs
+
+    def context(
+        self, name: str, *, verifies: bool = True, always_shared: bool = False
+    ) -> ssl.SSLContext | None:
+        """A listener's context: its own pair if it has one, else the shared one when
+        `tls.listeners` names it, or when the listener is TLS and nothing else
+        (`always_shared`). `verifies`: a client CA configured for it is required of
+        clients (False where the protocol checks clients its own way)."""
+        cert, key, ca = self.settings.for_listener(name)
+        ca = ca if verifies else None
+        if cert is not None and key is not None:
+            own = Certificates(cert, key)
+            self.own.append(own)
+            return own.server_context(ca)
+        if self.shared is not None and (name in self.settings.listeners or always_shared):
+            return self.shared.server_context(ca)
+        return None
+
+    def reload(self) -> None:
+        """SIGHUP: every pair read again into the contexts that show it."""
+        for certs in [self.shared, *self.own]:
+            if certs is not None:
+                certs.reload()

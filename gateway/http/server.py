@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -18,9 +19,11 @@ from hypercorn.trio.tcp_server import TCPServer
 
 from gateway.http import admin, auth, lookupd, nsqd, probes, prometheus
 from gateway.http.router import Router
+from gateway.listeners import HTTPListener
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.tls import ListenerContexts
 
 _BACKLOG = 128
 log = logging.getLogger("gateway.http")
@@ -138,3 +141,16 @@ async def serve(
     async with trio.open_nursery() as nursery:
         await nursery.start(hypercorn_serve, router, config)
         task_status.started(bound)
+
+
+def listeners(gateway: Gateway, tls: ListenerContexts) -> list[HTTPListener]:
+    """Plain HTTP on `http`, as nsqd's --http-address, and HTTPS on `https` when a
+    certificate applies to it (nsqd too serves HTTPS only with one)."""
+    settings = gateway.settings
+    context = tls.context("https")
+    protected = settings.http_settings.auth_token is not None
+    https = settings.address("https") if context is not None else None
+    return [
+        HTTPListener("http", settings.address("http"), protected, partial(serve, gateway, None)),
+        HTTPListener("https", https, True, partial(serve, gateway, context)),
+    ]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gateway.broker import Broker
 from gateway.metrics import Metrics
+from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats.permissions import Permissions
 from gateway.tcp import Buffered
 
@@ -56,6 +57,35 @@ class NATSServer:
     @property
     def auth_required(self) -> bool:
         return self.user is not None or self.token is not None or bool(self.users)
+
+    def take_client_id(self) -> int:
+        """The next connection's id; a refused one spends one too, as in nats-server."""
+        self.next_client_id += 1
+        return self.next_client_id
+
+    def info(self, client_id: int, remote: str) -> bytes:
+        """The INFO a client gets first, on a connection from `remote` (host:port)."""
+        host = remote.rpartition(":")[0]
+        doc: dict[str, object] = {
+            "server_id": self.server_id,
+            "server_name": self.server_name,
+            "version": VERSION,
+            "proto": 1,
+            "go": "python",
+            "host": "0.0.0.0",
+            "port": 0,
+            "headers": True,
+            "max_payload": self.max_payload,
+            "client_id": client_id,
+            "client_ip": host.strip("[]"),
+        }
+        if self.auth_required:
+            doc["auth_required"] = True
+        if self.ssl_context is not None:
+            doc["tls_required"] = True
+            if self.tls_verify:
+                doc["tls_verify"] = True
+        return cc.info(doc)
 
     def authenticate(
         self, user: object, password: object, token: object
