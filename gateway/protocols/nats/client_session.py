@@ -21,7 +21,7 @@ from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
 from gateway.protocols.nats.headers import encode_headers, parse_headers
 from gateway.protocols.nats.permissions import Permissions, violation
-from gateway.protocols.nats.server import VERSION, NATSServer
+from gateway.protocols.nats.server import NATSServer
 from gateway.stall import Stall
 from gateway.subjects import is_valid_subject, is_valid_subscription, matches
 from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
@@ -113,8 +113,7 @@ class NATSClientSession(QueuedWriter):
         self._turn = Turn(server.turn_budget)
         self._erred = False
         self._errors_in_a_row = 0
-        server.next_client_id += 1
-        self.client_id = server.next_client_id
+        self.client_id = server.take_client_id()
         self._fd = socket_fd(stream)
         self._out: list[bytes] = []
         self._pending = 0
@@ -147,7 +146,7 @@ class NATSClientSession(QueuedWriter):
                 nursery.start_soon(self._pinger)
                 if server.auth_required:
                     nursery.start_soon(self._auth_timer)
-                self._out.append(self._info())
+                self._out.append(server.info(self.client_id, self.remote))
                 await self._flush()
                 if server.ssl_context is None or await self._start_tls():
                     await self._reader()
@@ -167,29 +166,6 @@ class NATSClientSession(QueuedWriter):
             m.connections.labels("nats").dec()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
-
-    def _info(self) -> bytes:
-        host = self.remote.rpartition(":")[0]
-        doc: dict[str, object] = {
-            "server_id": self.server.server_id,
-            "server_name": self.server.server_name,
-            "version": VERSION,
-            "proto": 1,
-            "go": "python",
-            "host": "0.0.0.0",
-            "port": 0,
-            "headers": True,
-            "max_payload": self.server.max_payload,
-            "client_id": self.client_id,
-            "client_ip": host.strip("[]"),
-        }
-        if self.server.auth_required:
-            doc["auth_required"] = True
-        if self.server.ssl_context is not None:
-            doc["tls_required"] = True
-            if self.server.tls_verify:
-                doc["tls_verify"] = True
-        return cc.info(doc)
 
     async def _start_tls(self) -> bool:
         """nats-server's TLS: the client starts its handshake right after INFO; one that
