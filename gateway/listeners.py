@@ -16,10 +16,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from gateway.addresses import Address
-
-# One accepted connection, with the peer's address as text: the TCP shell calls it in a
-# task of its own per connection (gateway.tcp.Handle).
-Handle = Callable[[trio.SocketStream, str], Awaitable[None]]
+from gateway.tcp import Handle
 
 Server = TypeVar("Server")
 
