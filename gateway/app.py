@@ -82,16 +82,22 @@ class Gateway:
         nats = nats_listener.service(s, broker, metrics, tls)
         cluster = nats_listener.cluster_service(s, broker, metrics, tls, nats.server)
         rocketmq = rocketmq_listener.service(s, broker, metrics)
-        # bound in this order; their listening lines and the ready line follow it
-        self.services: list[Service[Any]] = [nsq, beanstalk, nats, cluster, rocketmq]
+        # the cluster's hooks first: it counts interest from before any group is made
+        # (beanstalkd's default tube), in the order the groups come
+        self.services: list[Service[Any]] = [cluster, nsq, beanstalk, nats, rocketmq]
         self.nsq = nsq.server
         self.beanstalk = beanstalk.server
         self.nats = nats.server
         self.cluster = cluster.server
         self.rocketmq = rocketmq.server
-        # every listener in binding order, HTTP's last: /info and /lookup report the others
+        # every listener in binding order, which the listening lines and the ready line
+        # follow; HTTP's last: /info and /lookup report the others
         self.listeners: list[Listener | HTTPListener] = [
-            *(listener for service in self.services for listener in service.listeners),
+            *nsq.listeners,
+            *beanstalk.listeners,
+            *nats.listeners,
+            *cluster.listeners,
+            *rocketmq.listeners,
             *http_listeners(self, self.tls),
         ]
 
