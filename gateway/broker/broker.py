@@ -62,6 +62,9 @@ class Broker:
         # the stored groups' queues' broker-wide task: the pager of a paging store's
         # memory windows, or the claimer of a shared store (made by the journal, once)
         self.queues = self.journal.backend(self)
+        # the records whose replies wait for their commit, counted (Owed): a session
+        # compares `owed.count` before and after a command
+        self.owed = self.journal.owed
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0

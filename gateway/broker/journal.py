@@ -92,6 +92,19 @@ def journal_for(store: Store, window: int) -> Journal:
     return Journal(store, window if store.pages else 0)
 
 
+class Owed:
+    """How many records so far must be durable before the reply to what made them: every
+    put, and with a store several gateways share every change (what one gateway answered
+    holds for the clients of all the others at once). A session reads `count` before and
+    after a command: when it moved, the command's reply waits for the commit (the
+    connection shell's reply gate). One integer compare per command."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class Recorder:
     """One group's door for the calls made on every message (a publish into this group
     alone, a delivery, a finish): the store's methods bound once, so that a hot path
@@ -117,7 +130,10 @@ class Recorder:
 
 
 class Journal:
-    __slots__ = ("allocates_ids", "ceiling", "durable", "forgets", "pager", "reserved", "store")
+    __slots__ = (
+        *("allocates_ids", "ceiling", "durable", "forgets", "owed", "pager", "reserved"),
+        "store",
+    )
 
     # whether the store decides which groups a publish goes to, and keeps the topic's
     # backlog (a shared store: other gateways' groups count too)
@@ -135,6 +151,7 @@ class Journal:
         self.reserved = 0
         self.ceiling = 0
         self.pager = Pager(window)
+        self.owed = Owed()
 
     # -- the store's life cycle ------------------------------------------------
 
@@ -206,6 +223,8 @@ class Journal:
     def put(self, topic: Topic, groups: Sequence[Group], messages: Sequence[Message]) -> None:
         """One publish's messages into `groups` (none: the topic's backlog). Ephemeral
         groups are left out; the body is stored once for all of the others."""
+        if self.durable:
+            self.owed.count += 1  # acknowledged once committed
         due = messages[0].deliver_at
         wall = to_wall(due) if due > 0.0 else 0.0
         if len(groups) == 1:  # the common case: the group's own door (a no-op if ephemeral)
@@ -289,14 +308,24 @@ class Journal:
 class _ClaimRecorder(Recorder):
     """A shared store's: a delivery keeps this gateway's claim until its deadline."""
 
-    __slots__ = ("_group", "_store", "_topic")
+    __slots__ = ("_finished", "_group", "_owed", "_put", "_store", "_topic")
 
-    def __init__(self, store: SharedStore, topic: str, group: str) -> None:
-        self._store, self._topic, self._group = store, topic, group
+    def __init__(self, store: SharedStore, topic: str, group: str, owed: Owed) -> None:
+        self._store, self._topic, self._group, self._owed = store, topic, group, owed
         rec = store.recorder(topic, group)
-        super().__init__(rec.put, self._delivered, self._delivered_all, rec.finished)
+        self._put, self._finished = rec.put, rec.finished
+        super().__init__(self._put_owed, self._delivered, self._delivered_all, self._finish)
+
+    def _put_owed(self, messages: Sequence[Message], due: float) -> None:
+        self._owed.count += 1
+        self._put(messages, due)
+
+    def _finish(self, message: Message) -> None:
+        self._owed.count += 1
+        self._finished(message)
 
     def _delivered(self, entry: InFlight) -> None:
+        self._owed.count += 1
         self._store.claimed(self._topic, self._group, entry.message, to_wall(entry.deadline))
 
     def _delivered_all(self, entries: Iterable[InFlight]) -> None:
@@ -304,6 +333,7 @@ class _ClaimRecorder(Recorder):
             self._delivered(entry)
 
     def touched(self, message: Message, deadline: float) -> None:
+        self._owed.count += 1
         self._store.touched(self._topic, self._group, message, to_wall(deadline))
 
 
@@ -330,7 +360,7 @@ class SharedJournal(Journal):
         return SharedQueue(group, self.claims, self)
 
     def recorder(self, group: Group) -> Recorder:
-        return _ClaimRecorder(self.shared_store, group.topic.name, group.name)
+        return _ClaimRecorder(self.shared_store, group.topic.name, group.name, self.owed)
 
     async def claim(self, group: Group, n: int, lease: float) -> tuple[list[Message], float | None]:
         """Up to `n` of the group's most urgent ready messages, claimed here for `lease`
@@ -344,12 +374,14 @@ class SharedJournal(Journal):
 
     async def claim_id(self, group: Group, msg_id: int, lease: float) -> Message | None:
         """One particular message claimed for a delivery here (beanstalkd reserve-job)."""
+        self.owed.count += 1
         return await _door(self.shared_store.claim_id(group.topic.name, group.name, msg_id, lease))
 
     async def kick(self, group: Group, n: int) -> tuple[int, list[Message]]:
         """Up to `n` buried (or deferred) messages ready again now; how many there were,
         and which when the group is archived."""
         archived = group.archive is not None
+        self.owed.count += 1
         return await _door(
             self.shared_store.kick(group.topic.name, group.name, n, messages=archived)
         )
@@ -371,6 +403,22 @@ class SharedJournal(Journal):
 
     async def counts(self, topics: Sequence[tuple[str, Sequence[str]]]) -> list[list[GroupCounts]]:
         return await _door(self.shared_store.counts(topics))
+
+
+def _owing(call: Callable[..., None]) -> Callable[..., None]:
+    def owing(self: Journal, *args: object, **kwargs: object) -> None:
+        self.owed.count += 1
+        call(self, *args, **kwargs)
+
+    return owing
+
+
+# A shared store's every change is owed before its reply (see Owed); puts count in put().
+for _call in (
+    *("changed", "removed", "backlog_removed", "topic_added", "topic_dropped", "group_added"),
+    *("group_dropped", "backlog_fanned_out", "cleared", "paused"),
+):
+    setattr(SharedJournal, _call, _owing(getattr(Journal, _call)))
 
 
 class _NullJournal(Journal):
