@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from gateway.tcp import QueuedWriter
+    from gateway.tcp import Connection
 
 # nats-server's fast-producer stall (stallTotalAllowed): the most a publisher's reading
 # waits, per receive, for the subscribers it fed past their stall mark to drain.
@@ -19,7 +19,7 @@ STALL_BUDGET = 0.010
 class Stall:
     """nats-server's answer to a fast producer, on the publisher's side.
 
-    A session fed past its stall mark (NATS: 3/4 of max_pending, as nats-server's
+    A connection fed past its stall mark (NATS: 3/4 of max_pending, as nats-server's
     `c.out.mp/4*3`) while its socket takes less than is published is added here by the
     delivery (NATSClientSession.send_message). When the publisher's batch is done,
     `wait()` holds its reading, before it reads more, until those sessions' output falls
@@ -33,19 +33,19 @@ class Stall:
     __slots__ = ("sessions", "spent")
 
     def __init__(self) -> None:
-        self.sessions: list[QueuedWriter] = []
+        self.sessions: list[Connection] = []
         self.spent = 0.0
 
-    def add(self, session: QueuedWriter) -> None:
-        if session._drained is None:
-            session._drained = trio.Event()
-        if session not in self.sessions:  # a handful at most: the list is short
-            self.sessions.append(session)
+    def add(self, connection: Connection) -> None:
+        if connection.drained is None:
+            connection.drained = trio.Event()
+        if connection not in self.sessions:  # a handful at most: the list is short
+            self.sessions.append(connection)
 
     async def wait(self) -> None:
         sessions, self.sessions = self.sessions, []
-        for session in sessions:
-            drained = session._drained
+        for connection in sessions:
+            drained = connection.drained
             if drained is None:
                 continue  # under its mark again already
             left = STALL_BUDGET - self.spent

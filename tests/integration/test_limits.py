@@ -236,11 +236,11 @@ async def test_what_a_blocked_send_holds_counts_against_max_pending_bytes() -> N
             # Reading all that is not queued lets that send end, and the writer then
             # takes all the rest in one batch and blocks in its send.
             session = next(s for s in gw.nats.sessions if s.subs)
-            received, queued = 0, sum(map(len, session._out))
+            received, queued = 0, sum(map(len, session.conn.out))
             while received < delivered - queued:
                 received += len(await slow.receive_some(1 << 20))
             await trio.testing.wait_all_tasks_blocked()
-        assert session._sending and not session._out  # all of it is in the blocked send
+        assert session.conn.sending and not session.conn.out  # all of it is in the blocked send
         assert gw.nats.buffered.total > limit // 2  # ... and still counted
         errors = {"protocol": "nats", "code": "SLOW_CONSUMER"}
         assert counted(gw, "gateway_protocol_errors_total", **errors) == 0

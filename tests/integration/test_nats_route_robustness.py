@@ -224,7 +224,7 @@ async def test_route_tls_both_ways(version: str, tmp_path: Path) -> None:
         ) as t2:
             await wait_routed(t2, gw)
             assert len(routes(gw)) == 2
-            assert all(isinstance(r.stream, trio.SSLStream) for r in routes(gw))
+            assert all(isinstance(r.conn.stream, trio.SSLStream) for r in routes(gw))
             await _message_crosses(t2, gw)
 
 

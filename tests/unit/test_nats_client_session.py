@@ -30,7 +30,7 @@ def session(server: NATSServer, name: str) -> tuple[NATSClientSession, socket.so
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
     s = NATSClientSession(server, stream, f"127.0.0.1:{name}")
     s.connected = True
-    s._wake = CountingEvent()  # type: ignore[assignment]
+    s.conn.wake = CountingEvent()  # type: ignore[assignment]
     theirs.setblocking(False)
     return s, theirs
 
@@ -54,10 +54,10 @@ async def test_deliveries_are_written_once_per_batch() -> None:
     # queue stops being empty, once
     for body in (b"a", b"b", b"c"):
         server.broker.publish("t", [body], create=False)
-    assert sub._wake.sets == 1  # type: ignore[attr-defined]
-    assert b"".join(sub._out) == b"MSG t 9 1\r\na\r\nMSG t 9 1\r\nb\r\nMSG t 9 1\r\nc\r\n"
+    assert sub.conn.wake.sets == 1  # type: ignore[attr-defined]
+    assert b"".join(sub.conn.out) == b"MSG t 9 1\r\na\r\nMSG t 9 1\r\nb\r\nMSG t 9 1\r\nc\r\n"
     sub.write_now()
-    assert sub._out == []
+    assert sub.conn.out == []
     assert received(sub_peer) == b"MSG t 9 1\r\na\r\nMSG t 9 1\r\nb\r\nMSG t 9 1\r\nc\r\n"
 
     # a NATS client's batch: nobody is woken; the subscriber waits in `dirty` once, and the
@@ -66,7 +66,7 @@ async def test_deliveries_are_written_once_per_batch() -> None:
     server.in_batch = True
     pub._process()
     server.in_batch = False
-    assert sub._wake.sets == 1  # type: ignore[attr-defined]
+    assert sub.conn.wake.sets == 1  # type: ignore[attr-defined]
     assert server.dirty == [sub]
     server.dirty.clear()
     sub.write_now()
@@ -83,7 +83,7 @@ async def test_a_subscription_frames_each_subject_it_sees() -> None:
     broker.publish("t.b", [b"2"], create=False, reply_to="in.1")
     broker.publish("t.a", [b"3"], create=False, header_block=b"NATS/1.0\r\n\r\n")
     broker.publish("t.a", [b"4"], create=False, headers=[("k", "v")])
-    assert sub._out == [
+    assert sub.conn.out == [
         b"MSG t.a s1 1\r\n1\r\n",
         b"MSG t.b s1 in.1 1\r\n2\r\n",
         b"HMSG t.a s1 12 13\r\nNATS/1.0\r\n\r\n3\r\n",

@@ -77,12 +77,9 @@ class TubeCommands:
         del self.consumers[tube]
         self.server.release_tube(tube)
 
-    async def _delete_anywhere(self, event: ev.Delete) -> bytes:
-        """delete with a shared store (Redis) of a job this connection does not hold: here,
-        or ready, deferred or buried in Redis where another gateway left it."""
-        reply = self._delete(event)
-        if reply == bc.DELETED:
-            return reply
+    async def _delete_elsewhere(self, event: ev.Delete) -> bytes:
+        """delete of a job found nowhere here (NOT_FOUND): with a shared store (Redis) it
+        may be ready, deferred or buried there, where another gateway left it."""
         server = self.server
         found = await server.find_shared_job(event.id)
         if found is None or found.state == "reserved" or found.left is None:

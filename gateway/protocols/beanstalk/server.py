@@ -51,7 +51,7 @@ class BeanstalkServer:
     def report_bytes(self) -> None:
         """Sessions count their bytes in batches; a scrape wants them now."""
         for session in self.sessions:
-            session._report_bytes()
+            session.report_bytes()
 
     def start(self) -> None:
         """beanstalkd always has the `default` tube, with its workers' group: made once the
@@ -110,9 +110,9 @@ class BeanstalkServer:
         if tube == DEFAULT_TUBE or self.using[tube] or self.watching[tube]:
             return
         topic = query.topic(self.broker, tube)
-        if topic is None or topic.shared:
-            # a shared store's tube (Redis) may be used by another gateway's workers, and
-            # jobs may reach it from there at any moment: it stays
+        if topic is None or topic.store_fans_out:
+            # other gateways publish to it (a store they share): their workers may use
+            # the tube, and jobs may reach it from there at any moment: it stays
             return
         group = query.group(topic, self.group_name)
         if group is not None:
@@ -133,11 +133,6 @@ class BeanstalkServer:
             self.tube_pauses.pop(tube, None)
 
     # -- jobs by id -----------------------------------------------------------------
-
-    @property
-    def shared(self) -> bool:
-        """The queues are in a store several gateways share (Redis)."""
-        return query.shared(self.broker)
 
     def find_job(self, job_id: int) -> query.Located | None:
         """A job in any tube: its state, the message, and the group (or topic backlog)."""

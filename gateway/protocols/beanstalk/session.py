@@ -1,9 +1,13 @@
 """One beanstalkd connection: commands in order, one reply each, jobs from the broker.
 
-Commands are applied in order and their replies leave together after the batch (one
-store flush acknowledges every put of the batch). A `reserve` that finds nothing ready
-blocks the connection as beanstalkd does: later pipelined commands wait, while the
-socket is still watched for a half-close.
+Commands are applied in order and their replies leave together after the batch, on the
+connection shell (tcp.Connection). A reply that the broker says must wait for its commit
+(`Broker.owed`: a put's, and with a shared store any write's) waits in the shell's reply
+gate, and one store commit releases every such reply of the batch: as they are, or
+INTERNAL_ERROR for a write, beanstalkd's reply when its binlog write fails.
+
+A `reserve` that finds nothing ready blocks the connection as beanstalkd does: later
+pipelined commands wait, while the socket is still watched for a half-close.
 
 Reserving across tubes: the session has a consumer in the group of each watched tube.
 While it waits, each of them gets a window of one more job; the first delivery, in
@@ -26,7 +30,7 @@ from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk.commands import TubeCommands
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
-from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd
+from gateway.tcp import Connection
 
 log = logging.getLogger("gateway.beanstalk")
 
@@ -35,17 +39,27 @@ _SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
 _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
 
 
-class BeanstalkSession(TubeCommands, QueuedWriter):
-    """Every reply is made in the session's own task, so its output (tcp.QueuedWriter)
-    needs no writer task: the batch's replies leave in one write at its end, and a client
-    that does not read blocks its session there (nothing more is read from it)."""
+class BeanstalkSession(TubeCommands):
+    """Every reply is made in the session's own task, so its connection needs no writer
+    task: the batch's replies leave in one write at its end, and a client that does not
+    read blocks its session there (nothing more is read from it)."""
 
     protocol = "beanstalk"  # the metrics label of this consumer's deliveries
 
     def __init__(self, server: BeanstalkServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
-        self.stream = stream
         self.remote = remote
+        self.conn = Connection(
+            stream,
+            remote,
+            "beanstalk",
+            server.metrics,
+            commit=server.broker.flush,
+            turn_budget=server.turn_budget,
+            max_errors_in_a_row=server.max_errors_in_a_row,
+            batched_bytes=True,
+        )
+        self._owed = server.broker.owed  # which replies wait for their commit
         self.codec = bc.BeanstalkCodec(server.max_job_size)
         self.used = DEFAULT_TUBE
         self.watched: list[str] = [DEFAULT_TUBE]
@@ -58,23 +72,8 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         self._got: Message | None = None
         self._got_event = trio.Event()
         self._eof = False
-        # output: tcp.QueuedWriter's
-        self._out: list[bytes] = []
-        self._pending = 0
-        self._buffered = Buffered.unbounded()  # no listener-wide bound
-        self._sending = False
-        self._wake = trio.Event()
-        self._cancel = trio.CancelScope()
-        self._fd = socket_fd(stream)
         self._metrics = server.metrics
-        self._bytes_in = ByteCount(server.metrics.bytes_in.labels("beanstalk"))
-        self._bytes_out = ByteCount(server.metrics.bytes_out.labels("beanstalk"))
         self._origin = f"beanstalk {remote}"
-        self._turn = Turn(server.turn_budget)
-        self._errors_in_a_row = 0
-        # asked on every command, fixed for the process's life (memory store: no commit)
-        self._shared = server.shared
-        self._commits = server.broker.flush_waits
 
     # -- life cycle ------------------------------------------------------------
 
@@ -85,28 +84,17 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         server.using[DEFAULT_TUBE] += 1
         server.watching[DEFAULT_TUBE] += 1
         self._consumer(DEFAULT_TUBE)
-        m = self._metrics
-        m.connections.labels("beanstalk").inc()
-        m.connections_total.labels("beanstalk").inc()
-        bytes_in = self._bytes_in
-        try:
-            while not self._eof:
-                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
-                if not data:
-                    break
-                bytes_in.inc(len(data))
-                self.codec.receive_data(data)
-                if not await self._process():
-                    break
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            self._fd = None  # never write to a descriptor number that may be reused
-            self._report_bytes()
-            self._cleanup()
-            m.connections.labels("beanstalk").dec()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+        await self.conn.run(self._reader, on_close=self._cleanup, writer=False)
+
+    async def _reader(self) -> None:
+        conn = self.conn
+        while not self._eof:
+            data = await conn.receive(_RECEIVE_SIZE)
+            if not data:
+                break
+            self.codec.receive_data(data)
+            if not await self._process():
+                break
 
     def _cleanup(self) -> None:
         server = self.server
@@ -134,56 +122,39 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
 
     async def _process(self) -> bool:
         """Apply every complete command; False when the connection must close."""
+        conn = self.conn
         codec = self.codec
-        out = self._out
-        start = len(out)
-        published = False
+        owed = self._owed
         keep_open = True
-        turn = self._turn
+        turn = conn.turn
         turn.start()
         while True:
             if turn.over():
                 # this connection had its share: what it has done so far is committed
                 # (and answered, tcp.PAUSES_PER_FLUSH), then everyone else runs
-                if published:
-                    await self._commit(start)
-                    published = False
+                if conn.open_commit is not None:
+                    await conn.commit()
                 if turn.flush_due():
-                    await self._flush()
-                await self._turn.pause()
-                out = self._out
-                start = len(out)
+                    await conn.flush()
+                await turn.pause()
                 turn.start()
             event = codec.next_event()
             if event is None:
                 break
             cls = event.__class__
+            before = owed.count
             if cls is ev.Put:
                 reply = self._put(event)  # type: ignore[arg-type]
-                published = published or (self._commits and reply[0:1] == b"I")
             elif cls is ev.Reserve or cls is ev.ReserveWithTimeout:
-                if published:
-                    await self._commit(start)
-                    published = False
+                if conn.open_commit is not None:
+                    await conn.commit()
                 reply = await self._reserve(event)
-                out = self._out  # a reserve that waited has sent what came before
-                start = len(out)  # what came before is committed (or refused)
-                # shared store: the job's deadline is in Redis before the worker has it
-                published = self._shared and reply[0:1] == b"R"
-            elif cls in _READS_STORE or (
-                # a job this connection does not hold may be another gateway's
-                cls is ev.Delete and self._shared and event.id not in self.reserved  # type: ignore[attr-defined]
-            ):
+            elif cls in _AWAITED:
                 # the answer may come from a shared store: it must hold what was put here
-                if published:
-                    await self._commit(start)
-                    published = False
-                reply = await _READS_STORE.get(cls, TubeCommands._delete_anywhere)(self, event)
-                self._errors_in_a_row = 0
-                # a write is committed before its reply, like a put
-                published = self._shared and reply.startswith(_STORE_WRITES)
-                out = self._out  # what came before may have been sent meanwhile
-                start = len(out)
+                if conn.open_commit is not None:
+                    await conn.commit()
+                reply = await _AWAITED[cls](self, event)
+                conn.errors_in_a_row = 0
             elif cls is ev.Quit:
                 keep_open = False
                 break
@@ -191,51 +162,41 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
                 handler = _HANDLERS.get(cls)
                 if handler is None:  # Reply or PutRejected: bad input
                     reply = self._rejected(event)
-                    self._errors_in_a_row += 1
-                    if self._errors_in_a_row >= self.server.max_errors_in_a_row:
-                        # beanstalkd answers bad input for ever; a client that sends
-                        # nothing else is cut off instead (README, Limits)
-                        log.info(
-                            "beanstalk client %s: %d protocol errors in a row: closing",
-                            self.remote,
-                            self._errors_in_a_row,
-                        )
-                        self._metrics.protocol_error("beanstalk", "TOO_MANY_ERRORS")
-                        out.append(reply)
+                    conn.errors_in_a_row += 1
+                    # beanstalkd answers bad input for ever; a client that sends
+                    # nothing else is cut off instead (README, Limits)
+                    if conn.too_many_errors():
+                        conn.out.append(reply)
                         keep_open = False
                         break
                 else:
                     reply = handler(self, event)
-                    self._errors_in_a_row = 0
-                    if cls in _WRITES_STORE and self._shared:
-                        # another gateway's next read sees it: committed before the reply
-                        published = True
-            out.append(reply)
+                    if reply is bc.NOT_FOUND and cls is ev.Delete:
+                        # a job this connection does not hold may be another gateway's
+                        if conn.open_commit is not None:
+                            await conn.commit()
+                        reply = await self._delete_elsewhere(event)  # type: ignore[arg-type]
+                    conn.errors_in_a_row = 0
+            if owed.count != before:
+                # it changed what must be stored before it is answered (Broker.owed)
+                conn.reply_after_commit(reply, self._internal_error if cls in _WRITES else None)
+            else:
+                conn.out.append(reply)
             if self._eof:
                 keep_open = False
                 break
-        if published:
-            await self._commit(start)  # group commit before INSERTED goes out
-        await self._flush()
+        if conn.open_commit is not None:
+            await conn.commit()  # group commit before INSERTED goes out
+        await conn.flush()
         return keep_open
 
-    async def _commit(self, start: int) -> None:
-        """Flush the store; if it cannot write, every INSERTED since `start` becomes
-        INTERNAL_ERROR, beanstalkd's reply when its binlog write fails (with a shared
-        store, so does every other write committed before its reply)."""
-        try:
-            await self.server.broker.flush()
-        except StoreUnavailable:
-            out = self._out
-            failed = _SHARED_WRITES if self.server.shared else (b"INSERTED",)
-            for i in range(start, len(out)):
-                if out[i].startswith(failed):
-                    out[i] = bc.INTERNAL_ERROR
-                    self._metrics.protocol_error("beanstalk", b"INTERNAL_ERROR")
+    def _internal_error(self, exc: StoreUnavailable) -> bytes:
+        """A write whose commit failed: beanstalkd's reply when its binlog write fails."""
+        self._metrics.protocol_error("beanstalk", b"INTERNAL_ERROR")
+        return bc.INTERNAL_ERROR
 
-    def _report_bytes(self) -> None:
-        self._bytes_in.report()
-        self._bytes_out.report()
+    def report_bytes(self) -> None:
+        self.conn.report_bytes()
 
     def _rejected(self, event: object) -> bytes:
         if isinstance(event, ev.PutRejected):
@@ -292,7 +253,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
             return bc.DEADLINE_SOON
         if timeout == 0:
             return bc.TIMED_OUT
-        await self._flush()  # the client sees earlier replies while this one waits
+        await self.conn.flush()  # the client sees earlier replies while this one waits
         until = min(soon, now + timeout if timeout is not None else math.inf)
         self._got = None
         self._got_event = trio.Event()
@@ -324,7 +285,7 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
         """While a reserve blocks, keep reading (buffered, not executed) to see a close."""
         while self.codec.buffered < _MAX_BUFFERED_WHILE_WAITING:
             try:
-                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+                data = await self.conn.receive(_RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if not data:
@@ -440,8 +401,9 @@ class BeanstalkSession(TubeCommands, QueuedWriter):
     # -- tubes -------------------------------------------------------------------------
 
 
-# commands whose answer may come from a shared store (Redis): awaited
-_READS_STORE: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = {
+# commands whose answer may come from the store (a shared one keeps what other gateways
+# hold): awaited, once what the batch did so far is committed
+_AWAITED: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = {
     ev.ReserveJob: BeanstalkSession._reserve_job,
     ev.Peek: BeanstalkSession._peek,
     ev.PeekReady: BeanstalkSession._peek_ready,
@@ -452,13 +414,11 @@ _READS_STORE: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = 
     ev.StatsJob: BeanstalkSession._stats_job,
 }
 
-# with a shared store (Redis) these are committed before their reply, like a put, so
-# that what a client was told holds for a client of any other gateway at once
-_WRITES_STORE = frozenset({ev.Delete, ev.Release, ev.Bury, ev.Touch, ev.PauseTube})
-# ... and so are these answers of the commands that may ask a shared store
-_STORE_WRITES = (bc.DELETED, bc.KICKED, b"RESERVED")
-# what a failed commit turns into INTERNAL_ERROR with a shared store
-_SHARED_WRITES = (b"INSERTED", b"DELETED", b"RELEASED", b"BURIED", b"TOUCHED", b"PAUSED", b"KICKED")
+# the writes: when the commit a reply waits for fails, it becomes INTERNAL_ERROR (any
+# other reply that waited, a reserve's or a watch's, stands)
+_WRITES = frozenset(
+    {ev.Put, ev.Delete, ev.Release, ev.Bury, ev.Touch, ev.PauseTube, ev.Kick, ev.KickJob}
+)
 
 _HANDLERS = {
     ev.Use: BeanstalkSession._use,

@@ -24,7 +24,7 @@ from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import NATSServer
 from gateway.stall import Stall
 from gateway.subjects import is_valid_subject, is_valid_subscription, matches
-from gateway.tcp import QueuedWriter, Turn, receive, socket_fd
+from gateway.tcp import Connection, HandshakeFailed
 
 # what _process tells the reader
 _DONE, _MORE, _CLOSE = object(), object(), object()
@@ -94,11 +94,24 @@ class Subscription:
         return True
 
 
-class NATSClientSession(QueuedWriter):
+class NATSClientSession:
     def __init__(self, server: NATSServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
-        self.stream = stream
         self.remote = remote
+        # output counts in the listener's max_buffered_bytes; a send waiting past
+        # write_deadline ends the connection, a slow consumer as nats-server says
+        self.conn = conn = Connection(
+            stream,
+            remote,
+            "nats",
+            server.metrics,
+            buffered=server.buffered,
+            turn_budget=server.turn_budget,
+            max_errors_in_a_row=server.max_errors_in_a_row,
+            write_deadline=server.write_deadline,
+        )
+        conn.stall_mark = self._stall_mark
+        conn.on_write_stalled = self._write_stalled
         self.codec = cc.NATSClientCodec(server.max_payload, server.max_control_line)
         self.codec.require_connect = server.auth_required
         self.subs: dict[str, Subscription] = {}
@@ -110,83 +123,46 @@ class NATSClientSession(QueuedWriter):
         self.no_responders = False
         self.name = ""
         self.perms: Permissions | None = None  # the user's, from CONNECT; None: all
-        self._turn = Turn(server.turn_budget)
         self._erred = False
-        self._errors_in_a_row = 0
         self.client_id = server.take_client_id()
-        self._fd = socket_fd(stream)
-        self._out: list[bytes] = []
-        self._pending = 0
-        self._buffered = server.buffered
         # past this, the publishers feeding it stall (nats-server's c.out.mp/4*3)
         self._stall_at = server.max_pending // 4 * 3
-        self._stall = Stall()  # its own wait, as a publisher
-        self._write_deadline = server.write_deadline
-        self._sending = False
-        self._wake = trio.Event()
-        self._cancel = trio.CancelScope()
+        self.stall = Stall()  # its own wait, as a publisher
         self._origin = f"nats {remote}"
         self._pings_out = 0
         self._heard = False  # anything read since the last ping tick
         self._metrics = server.metrics
-        self._bytes_out = server.metrics.bytes_out.labels("nats")
 
     # -- life cycle -------------------------------------------------------------
 
     async def run(self) -> None:
         server = self.server
         server.sessions.add(self)
-        m = self._metrics
-        m.connections.labels("nats").inc()
-        m.connections_total.labels("nats").inc()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel = nursery.cancel_scope
-                nursery.start_soon(self._writer)
-                nursery.start_soon(self._pinger)
-                if server.auth_required:
-                    nursery.start_soon(self._auth_timer)
-                self._out.append(server.info(self.client_id, self.remote))
-                await self._flush()
-                if server.ssl_context is None or await self._start_tls():
-                    await self._reader()
-                nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
-            # the peer went away (a reset, a close mid-write): normal, nothing to log;
-            # from the reader or the writer task, so it arrives in the nursery's group
-            pass
-        finally:
-            self._fd = None  # never write to a descriptor number that may be reused
-            self._buffered.total -= self._pending  # what it never got is freed with it
-            self._pending = 0
-            self._unstall()  # no publisher waits for it any more
-            server.sessions.discard(self)
-            for sub in list(self.subs.values()):
-                self.drop(sub)
-            m.connections.labels("nats").dec()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+        tasks = (self._pinger, self._auth_timer) if server.auth_required else (self._pinger,)
+        await self.conn.run(self._serve, *tasks, on_close=self._closed)
+
+    async def _serve(self) -> None:
+        self.conn.out.append(self.server.info(self.client_id, self.remote))
+        await self.conn.flush()
+        if self.server.ssl_context is None or await self._start_tls():
+            await self._reader()
+
+    def _closed(self) -> None:
+        self.server.sessions.discard(self)
+        for sub in list(self.subs.values()):
+            self.drop(sub)
 
     async def _start_tls(self) -> bool:
         """nats-server's TLS: the client starts its handshake right after INFO; one that
         does not, or fails it, is closed (False)."""
         assert self.server.ssl_context is not None
-        tls = trio.SSLStream(self.stream, self.server.ssl_context, server_side=True)
-        with trio.move_on_after(self.server.tls_timeout):
-            try:
-                await tls.do_handshake()
-            except trio.BrokenResourceError as exc:
-                log.info("nats client %s: TLS handshake failed: %s", self.remote, exc.__cause__)
-                self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
-                return False
-            self.stream = tls
-            self._fd = None  # from now on every byte goes through the TLS stream
-            return True
-        log.info(
-            "nats client %s: no TLS handshake within %s s", self.remote, self.server.tls_timeout
-        )
-        self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
-        return False
+        try:
+            await self.conn.start_tls(self.server.ssl_context, self.server.tls_timeout)
+        except HandshakeFailed as exc:
+            log.info("nats client %s: %s", self.remote, exc)
+            self._metrics.protocol_error("nats", "TLS_HANDSHAKE")
+            return False
+        return True
 
     async def _auth_timer(self) -> None:
         """nats-server's auth_timeout: a client that must authenticate and has not sent
@@ -198,9 +174,9 @@ class NATSClientSession(QueuedWriter):
                 "nats client %s: no CONNECT within %s s", self.remote, self.server.auth_timeout
             )
             try:
-                await self._flush()
+                await self.conn.flush()
             finally:
-                self._cancel.cancel()
+                self.conn.cancel()
 
     async def _pinger(self) -> None:
         """nats-server's ping timer: PING an idle client every ping_interval; a client that
@@ -218,26 +194,25 @@ class NATSClientSession(QueuedWriter):
                 self._error("Stale Connection")
                 log.info("nats client %s is stale: closing", self.remote)
                 try:
-                    await self._flush()
+                    await self.conn.flush()
                 finally:
-                    self._cancel.cancel()
+                    self.conn.cancel()
                 return
             else:
                 self._pings_out += 1
-                self._out.append(cc.PING)
-                self._wake.set()
+                self.conn.out.append(cc.PING)
+                self.conn.wake.set()
             await trio.sleep(interval)
 
     async def _reader(self) -> None:
-        bytes_in = self._metrics.bytes_in.labels("nats")
-        stall = self._stall
+        conn = self.conn
+        stall = self.stall
         while True:
-            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            data = await conn.receive(_RECEIVE_SIZE)
             if not data:
                 return
             stall.spent = 0.0  # its stall budget is per receive, as nats-server's per read
             self._heard = True
-            bytes_in.inc(len(data))
             self.codec.receive_data(data)
             while True:
                 # Deliveries made while a client's batch is applied are written at its
@@ -254,39 +229,37 @@ class NATSClientSession(QueuedWriter):
                             session.write_now()
                     dirty.clear()
                 if outcome is _CLOSE:
-                    await self._flush()
+                    await conn.flush()
                     return
-                if outcome is _DONE or self._turn.flush_due():  # tcp.PAUSES_PER_FLUSH
-                    if not self._sending:
-                        await self._flush()
+                if outcome is _DONE or conn.turn.flush_due():  # tcp.PAUSES_PER_FLUSH
+                    if not conn.sending:
+                        await conn.flush()
                     else:
-                        self._wake.set()
+                        conn.wake.set()
                 if stall.sessions:  # it fed some subscriber faster than that one reads
                     await stall.wait()
                 if outcome is _DONE:
                     break
                 # its turn is over (Turn): everyone else runs before the rest of the buffer
-                await self._turn.pause()
+                await conn.turn.pause()
 
     # -- commands -----------------------------------------------------------------
 
     def _process(self) -> object:
         """Apply the complete operations of one turn: _DONE when none is left, _MORE when
         the turn ended first, _CLOSE when the connection must close."""
-        out = self._out
-        turn = self._turn
+        conn = self.conn
+        out = conn.out
+        turn = conn.turn
         turn.start()
         codec = self.codec
         while True:
             if self._erred:  # the last operation was answered with -ERR
                 self._erred = False
-                if self._errors_in_a_row >= self.server.max_errors_in_a_row:
-                    log.info("nats client %s: %d errors in a row: closing", self.remote,
-                             self._errors_in_a_row)  # fmt: skip
-                    self._metrics.protocol_error("nats", "TOO_MANY_ERRORS")
+                if conn.too_many_errors():
                     return _CLOSE
             else:
-                self._errors_in_a_row = 0
+                conn.errors_in_a_row = 0
             if turn.over():
                 return _MORE
             event = codec.next_event()
@@ -328,10 +301,10 @@ class NATSClientSession(QueuedWriter):
         return _DONE
 
     def _error(self, text: str) -> None:
-        self._out.append(cc.err(text))
+        self.conn.out.append(cc.err(text))
         self._metrics.protocol_error("nats", text)
         self._erred = True
-        self._errors_in_a_row += 1
+        self.conn.errors_in_a_row += 1
 
     def _connect(self, event: ev.Connect) -> bool:
         options = event.options
@@ -369,7 +342,7 @@ class NATSClientSession(QueuedWriter):
             self._error(violation("Publish", subject))
             return
         if self.verbose:
-            self._out.append(cc.OK)
+            self.conn.out.append(cc.OK)
         broker = self.server.broker
         # a request nobody can serve gets a 503: no queue keeps its subject (as it was
         # before this publish) and no subscription takes it
@@ -400,7 +373,7 @@ class NATSClientSession(QueuedWriter):
         subject, to the requester's own subscription for it."""
         for sub in self.subs.values():
             if matches(sub.subject.split("."), reply.split(".")):
-                self._out.append(cc.hmsg(reply, sub.sid, None, _NO_RESPONDERS, b""))
+                self.conn.out.append(cc.hmsg(reply, sub.sid, None, _NO_RESPONDERS, b""))
                 return
 
     def _subscribe(self, event: ev.Sub) -> bool:
@@ -447,17 +420,18 @@ class NATSClientSession(QueuedWriter):
             frame = cc.hmsg_frame(names, message.reply_to, block, message.body)
         else:
             frame = cc.msg_frame(names, message.reply_to, message.body)
-        out = self._out
+        conn = self.conn
+        out = conn.out
         if not out:
             server = self.server
             if server.in_batch:
                 server.dirty.append(self)
             else:
-                self._wake.set()
+                conn.wake.set()
         out.append(frame)
         size = len(frame)
-        pending = self._pending = self._pending + size
-        buffered = self._buffered
+        pending = conn.pending = conn.pending + size
+        buffered = conn.buffered
         buffered.total += size
         if pending > self._stall_at or buffered.total > buffered.stall_at:
             self._over(size, publisher)
@@ -467,8 +441,8 @@ class NATSClientSession(QueuedWriter):
         max_pending (queueOutbound), the same past the listener's max_buffered_bytes for
         one that had over its share waiting before this message; otherwise the
         publisher stalls for it. Every byte counted is one its socket has not taken."""
-        pending = self._pending
-        buffered = self._buffered
+        pending = self.conn.pending
+        buffered = self.conn.buffered
         if pending > self.server.max_pending:
             self._slow_consumer(f"{pending} bytes wait for it, over max_pending")
         elif buffered.total > buffered.limit and pending - size > buffered.share:
@@ -476,12 +450,13 @@ class NATSClientSession(QueuedWriter):
             # once its publishers stalled for it, whatever the size of the next message
             self._slow_consumer(f"{pending} bytes wait for it, over max_buffered_bytes")
         elif pending > self._stall_mark():
-            stall = getattr(publisher, "_stall", None)  # a route or HTTP: none
+            stall = getattr(publisher, "stall", None)  # a route or HTTP: none
             if stall is not None:
-                stall.add(self)
+                stall.add(self.conn)
 
     def _stall_mark(self) -> int:
-        buffered = self._buffered
+        """The output past which its publishers stall (tcp.Connection.stall_mark)."""
+        buffered = self.conn.buffered
         if buffered.total > buffered.stall_at:
             # near the listener-wide bound: drained to 3/4 of its share, it stays
             return min(self._stall_at, buffered.share // 4 * 3)
@@ -496,19 +471,19 @@ class NATSClientSession(QueuedWriter):
         library told -ERR would close for good instead of reconnecting). Said in the log
         and counted once; its subscriptions take nothing more (a queue group's next
         member does) while its task ends, and no publisher waits for it."""
-        if not self._cancel.cancel_called:
+        if not self.conn.cancel_scope.cancel_called:
             log.info("nats client %s is a slow consumer (%s): closing", self.remote, why)
             self._metrics.protocol_error("nats", "SLOW_CONSUMER")
             for sub in self.subs.values():
                 sub.dropped = True
-            self._unstall()
-        self._cancel.cancel()
+            self.conn.unstall()
+        self.conn.cancel()
 
     def write_now(self) -> None:
         """Write what is queued, without waiting for the writer task: called at the end of
         a NATS client's batch for every session it delivered to, so a request reaches its
         responder (and the reply its requester) in the publisher's turn, one write each."""
-        if self._fd is None:
-            self._wake.set()  # TLS: only the writer task writes
+        if self.conn.fd is None:
+            self.conn.wake.set()  # TLS: only the writer task writes
         else:
-            self._write_queued()
+            self.conn.write_queued()

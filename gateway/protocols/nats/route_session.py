@@ -31,7 +31,7 @@ from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.headers import encode_headers
 from gateway.subjects import is_valid_subscription
-from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
+from gateway.tcp import Connection
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.cluster import Cluster
@@ -59,7 +59,7 @@ class RouteQueueMember:
         self.route.note(message, self.queue)
 
 
-class RouteSession(QueuedWriter):
+class RouteSession:
     remote = True  # a broker tap standing for interest held elsewhere (see taps.py)
 
     def __init__(
@@ -74,8 +74,9 @@ class RouteSession(QueuedWriter):
         password: str | None = None,
     ) -> None:
         self.cluster = cluster
-        self.stream = stream
         self.peer = peer
+        self.conn = Connection(stream, peer, PROTOCOL, cluster.metrics, commit=cluster.broker.flush)
+        self._owed = cluster.broker.owed
         self.solicited = solicited
         self.gossip_mode = gossip_mode
         self.user = user  # credentials for a route we dial
@@ -93,18 +94,8 @@ class RouteSession(QueuedWriter):
         self.established = trio.Event()
         self._noted: Message | None = None
         self._noted_queues: list[str] = []
-        self._fd = socket_fd(stream)
-        self._out: list[bytes] = []
-        self._pending = 0
-        self._buffered = Buffered.unbounded()  # no listener-wide bound
-        self._sending = False
-        self._wake = trio.Event()
-        self._cancel = trio.CancelScope()
         self._unanswered = 0
-        self._received_messages = False
-        metrics = cluster.metrics
-        self._metrics = metrics
-        self._bytes_out = metrics.bytes_out.labels(PROTOCOL)
+        self._metrics = cluster.metrics
 
     def __repr__(self) -> str:
         return f"<route {self.peer} {self.remote_id or '?'}>"
@@ -112,34 +103,17 @@ class RouteSession(QueuedWriter):
     # -- life cycle -------------------------------------------------------------
 
     async def run(self) -> None:
-        m = self._metrics
-        m.connections.labels(PROTOCOL).inc()
-        m.connections_total.labels(PROTOCOL).inc()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel = nursery.cancel_scope
-                nursery.start_soon(self._writer)
-                nursery.start_soon(self._timers)
-                await self._reader()
-                await self._flush()
-                nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
-            # the peer went away (a reset, most often), inside the nursery: normal, and
-            # nothing to log
-            pass
-        finally:
-            self._fd = None  # never write to a descriptor number that may be reused
-            self.cluster.unregister(self)
-            taps = self.cluster.broker.taps
-            for subject in self.plain:
-                taps.remove(subject, self)
-            for (subject, queue), member in self.queues.items():
-                taps.remove(subject, member, queue)
-            self.plain.clear()
-            self.queues.clear()
-            m.connections.labels(PROTOCOL).dec()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+        await self.conn.run(self._reader, self._timers, on_close=self._closed)
+
+    def _closed(self) -> None:
+        self.cluster.unregister(self)
+        taps = self.cluster.broker.taps
+        for subject in self.plain:
+            taps.remove(subject, self)
+        for (subject, queue), member in self.queues.items():
+            taps.remove(subject, member, queue)
+        self.plain.clear()
+        self.queues.clear()
 
     async def _timers(self) -> None:
         cluster = self.cluster
@@ -150,7 +124,7 @@ class RouteSession(QueuedWriter):
                 "route %s: no handshake within %ss, closing", self.peer, cluster.handshake_timeout
             )
             self._metrics.protocol_error(PROTOCOL, "handshake_timeout")
-            self._cancel.cancel()
+            self.conn.cancel()
             return
         # Our own PINGs find a dead server; nats-server closes a route after ping_max
         # unanswered ones, and so do we.
@@ -161,32 +135,34 @@ class RouteSession(QueuedWriter):
                     "route %r is stale (%d PINGs unanswered), closing", self, self._unanswered
                 )
                 self._metrics.protocol_error(PROTOCOL, "stale")
-                self._cancel.cancel()
+                self.conn.cancel()
                 return
             self._unanswered += 1
             self.send(rc.PING)
 
     async def _reader(self) -> None:
-        bytes_in = self._metrics.bytes_in.labels(PROTOCOL)
-        broker = self.cluster.broker
+        conn = self.conn
+        owed = self._owed
         while True:
-            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            data = await conn.receive(_RECEIVE_SIZE)
             if not data:
-                return
-            bytes_in.inc(len(data))
+                break
             self.codec.receive_data(data)
+            before = owed.count
             ok = self._process()
-            if self._received_messages:
-                # at-most-once for NATS, but a durable store still commits in groups
-                self._received_messages = False
-                with contextlib.suppress(StoreUnavailable):  # at most once: nothing to answer
-                    await broker.flush()
+            if owed.count != before:
+                # At most once for NATS: nothing is answered, but the route reads on
+                # once the messages it stored are committed, as a client waits for its
+                # acknowledgements (a durable store commits them in groups).
+                with contextlib.suppress(StoreUnavailable):
+                    await self.cluster.broker.flush()
             if not ok:
-                return
-            if not self._sending:
-                await self._flush()
+                break
+            if not conn.sending:
+                await conn.flush()
             else:
-                self._wake.set()
+                conn.wake.set()
+        await conn.flush()
 
     # -- input --------------------------------------------------------------------
 
@@ -203,7 +179,6 @@ class RouteSession(QueuedWriter):
                 self._error("Authorization Violation")
                 return False
             if cls is ev.Msg:
-                self._received_messages = True
                 if not run or (
                     event.header is None  # type: ignore[union-attr]
                     and event.reply is None  # type: ignore[union-attr]
@@ -396,13 +371,14 @@ class RouteSession(QueuedWriter):
     def send(self, frame: bytes) -> None:
         """Queue a frame. The writer task is woken when the queue stops being empty, not
         once per frame: while it is not empty, a wake-up or a flush is already coming."""
-        out = self._out
+        conn = self.conn
+        out = conn.out
         if not out:
-            self._wake.set()
+            conn.wake.set()
         out.append(frame)
-        self._pending += len(frame)
-        if self._pending > self.cluster.max_pending:
+        conn.pending += len(frame)
+        if conn.pending > self.cluster.max_pending:
             # the server cannot keep up: nats-server closes such a route (write deadline)
-            log.warning("route %r: %d bytes unsent, closing as a slow route", self, self._pending)
+            log.warning("route %r: %d bytes unsent, closing as a slow route", self, conn.pending)
             self._metrics.protocol_error(PROTOCOL, "slow_route")
-            self._cancel.cancel()
+            conn.cancel()

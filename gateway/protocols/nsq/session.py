@@ -1,14 +1,21 @@
 """One NSQ TCP connection: reads commands, applies them to the broker, writes frames.
 
-Three tasks per connection: the reader (parse every complete command of one receive,
-apply them all, acknowledge publishes after one store flush, and write the replies and
-the deliveries of the batch itself, in one write), the writer (tcp.QueuedWriter's: what
-other tasks queued during one scheduler pass, deliveries from other connections'
-publishes and heartbeats, in one write), and the heartbeat ticker; on a store whose
-flush waits, a task per batch commit (commits.py). Deliveries arrive from the broker
+Tasks per connection, on its connection shell (tcp.Connection): the reader (parse every
+complete command of one receive, apply them all, and write the replies and the
+deliveries of the batch itself, in one write), the shell's writer (what other tasks
+queued during one scheduler pass, deliveries from other connections' publishes and
+heartbeats, in one write), and the heartbeat ticker. Deliveries arrive from the broker
 synchronously through `deliver()`, which only appends a frame (and, outside the
-session's own batch, wakes the writer). IDENTIFY and AUTH live in handshake.py, SUB,
-deliveries, FIN, REQ and TOUCH in consuming.py.
+session's own batch, wakes the writer).
+
+A publish is acknowledged once the store has committed it (the broker says which
+publishes wait: `Broker.owed`): its OK goes through the shell's reply gate, and the
+batch's commit runs in a task of its own while the reader goes on with the next batch
+(with a store whose flush waits, a round trip per batch otherwise). At most `AHEAD`
+batches' commits are under way; the reader waits for all of them before anything that
+changes how bytes are framed (IDENTIFY's compression or TLS, AUTH) or ends the
+connection. A failed commit turns its first OK into nsqd's fatal E_PUB_FAILED
+(E_MPUB_FAILED, E_DPUB_FAILED), after which nothing leaves and the connection ends.
 """
 
 from __future__ import annotations
@@ -16,15 +23,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import time
-from collections.abc import Callable
+from functools import partial
 
 import trio
 
-from gateway.broker import Consumer, Group
+from gateway.broker import Consumer, Group, Outcome
 from gateway.broker.errors import StoreUnavailable
+from gateway.model import Message
 from gateway.protocols.nsq import events as ev
-from gateway.protocols.nsq.auth import AuthState
+from gateway.protocols.nsq.auth import AuthFailed, AuthState
 from gateway.protocols.nsq.codec import (
     CLOSE_WAIT_FRAME,
     DPUB_OK_FRAME,
@@ -33,30 +42,70 @@ from gateway.protocols.nsq.codec import (
     OK_FRAME,
     NSQServerCodec,
     State,
+    error_frame,
+    message_header,
+    response_frame,
 )
-from gateway.protocols.nsq.commits import AHEAD, Commits, withdraw_oks
-from gateway.protocols.nsq.compression import CompressionError
-from gateway.protocols.nsq.consuming import Consuming
-from gateway.protocols.nsq.handshake import Handshake, _Close
+from gateway.protocols.nsq.compression import CompressionError, DeflateStream, SnappyStream
 from gateway.protocols.nsq.names import is_ephemeral
+from gateway.protocols.nsq.negotiation import (
+    IdentifyError,
+    Identity,
+    identify,
+    negotiation_response,
+)
 from gateway.protocols.nsq.server import NSQServer
 from gateway.stall import Stall
-from gateway.tcp import Buffered, ByteCount, QueuedWriter, Turn, receive, socket_fd, try_read
+from gateway.tcp import Connection, HandshakeFailed, try_read
 
 log = logging.getLogger("gateway.nsq")
 
 _RECEIVE_SIZE = 65536
+# batches whose commits may be under way at once, per connection (the Redis store's
+# pipelines in flight are four)
+AHEAD = 4
+_TLS_HANDSHAKE_TIMEOUT = 5.0  # nsqd's deadline for the upgrade handshake
+_NOT_IN_FLIGHT = b"ID not in flight"
+_NOT_OWNER = b"client does not own message"
 
 
-class NSQSession(Handshake, Consuming, QueuedWriter):
+class _Close(Exception):
+    """End the connection after sending what is queued (`frame`: a last error frame)."""
+
+    def __init__(self, frame: bytes | None = None) -> None:
+        self.frame = frame
+
+
+def _parse_id(raw: bytes) -> int | None:
+    """Message ids are 16 lowercase hex digits; anything else is simply not in flight."""
+    try:
+        value = int(raw, 16)
+    except ValueError:
+        return None
+    return value if b"%016x" % value == raw else None
+
+
+class NSQSession:
     protocol = "nsq"  # the metrics label of this consumer's deliveries
 
     def __init__(self, server: NSQServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
-        self.stream: trio.abc.Stream = stream
         self.remote = remote  # "ip:port"
         self.remote_ip = remote.rsplit(":", 1)[0].strip("[]")
-        self._turn = Turn(server.turn_budget)
+        # `pending` counts the deliveries' bytes, for max_output_bytes; no listener-wide
+        # bound
+        self.conn = Connection(
+            stream,
+            remote,
+            "nsq",
+            server.metrics,
+            commit=server.broker.flush,
+            turn_budget=server.turn_budget,
+            batched_bytes=True,
+        )
+        # its wait, as a publisher, for the NATS subscribers it feeds faster than they read
+        self.stall = Stall()
+        self._owed = server.broker.owed  # which publishes wait for their commit
         self.codec = NSQServerCodec(server.limits)
         self.codec.tls_required = server.tls_required and server.ssl_context is not None
         self.connect_ts = int(time.time())
@@ -77,6 +126,7 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         self.output_buffer_timeout = server.features.output_buffer_timeout / 1000
         self._flush_at = math.inf  # when buffered deliveries go out at the latest
         self.auth_state: AuthState | None = None
+        self._secret = b""
         # subscription
         self.group: Group | None = None
         self.consumer: Consumer | None = None
@@ -84,22 +134,6 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
-        # output: tcp.QueuedWriter's (`_pending` counts the deliveries' bytes, for
-        # max_output_bytes)
-        self._out: list[bytes] = []
-        self._pending = 0
-        self._buffered = Buffered.unbounded()  # no listener-wide bound
-        # its wait, as a publisher, for the NATS subscribers it feeds faster than they read
-        self._stall = Stall()
-        self._wake = trio.Event()
-        self._encode: Callable[[bytes], bytes] | None = None
-        self._sending = False
-        # Plain TCP: reads and writes straight on the descriptor. None once TLS wraps it.
-        self._fd = socket_fd(stream)
-        self._holding = False  # a command batch is running: it writes when it is done
-        self._flush_waits = server.broker.flush_waits  # see _read_more and commits.py
-        self._commits = Commits(self)
-        self._nursery: trio.Nursery | None = None  # the commits' tasks run in it
         self._auth_on = server.auth is not None
         # Deadlines, enforced by the _timers task rather than a cancel scope per read or
         # write (entering and leaving scopes was a fifth of a PUB round trip).
@@ -108,40 +142,29 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         self._timer_scope: trio.CancelScope | None = None
         self._metrics = server.metrics
         self._origin = f"nsq {remote}"  # of every message it publishes
-        self._cancel = trio.CancelScope()
-        self._bytes_in = ByteCount(server.metrics.bytes_in.labels("nsq"))
-        self._bytes_out = ByteCount(server.metrics.bytes_out.labels("nsq"))
+        # a publish's failed commit, named for its command (see _publish)
+        self._failed = {c: partial(self._publish_failed, c) for c in ("PUB", "MPUB", "DPUB")}
+
+    @property
+    def stream(self) -> trio.abc.Stream:
+        return self.conn.stream
 
     # -- life cycle ------------------------------------------------------------
 
     async def run(self) -> None:
-        m = self._metrics
-        m.connections.labels("nsq").inc()
-        m.connections_total.labels("nsq").inc()
         self.server.sessions.add(self)
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel = nursery.cancel_scope
-                self._nursery = nursery
-                nursery.start_soon(self._writer)
-                nursery.start_soon(self._timers)
-                await self._reader()
-                nursery.cancel_scope.cancel()
-        finally:
-            self._fd = None  # never write to a descriptor number that may be reused
-            self.report_bytes()
-            self.server.sessions.discard(self)
-            m.connections.labels("nsq").dec()
-            if self.consumer is not None and self.group is not None:
-                # nsqd leaves a leaving client's messages in flight until their timeout
-                self.group.detach(self.consumer, requeue=False)
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+        await self.conn.run(self._reader, self._timers, on_close=self._closed)
+
+    def _closed(self) -> None:
+        self.server.sessions.discard(self)
+        if self.consumer is not None and self.group is not None:
+            # nsqd leaves a leaving client's messages in flight until their timeout
+            self.group.detach(self.consumer, requeue=False)
 
     def close(self) -> None:
         """End the connection from outside. The session detaches and closes its stream as
         on any other end."""
-        self._cancel.cancel()
+        self.conn.cancel()
 
     # the broker's word that the channel was deleted (over HTTP, here or on another
     # gateway sharing the store): nsqd closes its clients, who subscribe again
@@ -149,54 +172,51 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
 
     def report_bytes(self) -> None:
         """The byte counters are batched (tcp.ByteCount): a scrape wants them now."""
-        self._bytes_in.report()
-        self._bytes_out.report()
+        self.conn.report_bytes()
 
     async def _reader(self) -> None:
+        conn = self.conn
         now = trio.current_time()
         self._read_deadline = self._silence_deadline(now)
         self._next_heartbeat = now + self.heartbeat_interval
-        bytes_in = self._bytes_in
         max_output = self.server.max_output_bytes
         try:
             while True:
-                if self._commits.pending >= AHEAD:
-                    await self._commits.wait(AHEAD - 1)  # commits.py: so many ahead at most
-                if self._pending > max_output:
+                if conn.commits_held >= AHEAD:
+                    await conn.settled(AHEAD - 1)  # so many commits ahead at most
+                if conn.pending > max_output:
                     # the client does not read: stop reading its commands until it does
-                    await self._flush_all()
-                if self._stall.sessions:  # its publishes went to a NATS subscriber
-                    await self._stall.wait()  # faster than that one reads (stall.py)
-                data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
-                self._stall.spent = 0.0
+                    await conn.flush_all()
+                if self.stall.sessions:  # its publishes went to a NATS subscriber
+                    await self.stall.wait()  # faster than that one reads (stall.py)
+                data = await conn.receive(_RECEIVE_SIZE)
+                self.stall.spent = 0.0
                 if not data:
                     # the client closed its side: what it published is still answered
-                    await self._commits.wait()
-                    await self._flush_all()
+                    await conn.settled()
+                    await conn.flush_all()
                     return
-                bytes_in.inc(len(data))
                 try:
                     self.codec.receive_data(data)
                 except CompressionError:
                     return  # nsqd drops the connection silently on a corrupt stream
                 while await self._process():
                     # its turn is over (Turn): everyone else runs before the rest
-                    await self._turn.pause()
-                    if self._commits.pending >= AHEAD:
-                        await self._commits.wait(AHEAD - 1)
+                    await conn.turn.pause()
+                    if conn.commits_held >= AHEAD:
+                        await conn.settled(AHEAD - 1)
         except _Close as close:
             with trio.move_on_after(self.heartbeat_interval if self.heartbeat_interval > 0 else 5):
                 # the peer may be gone before it could read why
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._commits.wait()  # earlier publishes' replies go first
-                    # An earlier batch's commit that failed meanwhile has already queued
-                    # E_PUB_FAILED, the connection's last words: a failing store also
-                    # refuses this batch's publish, whose own E_PUB_FAILED would follow
-                    # the first one.
-                    if close.frame is not None and not self._commits.failed:
+                    await conn.settled()  # earlier publishes' replies go first
+                    # A commit that failed meanwhile has already queued E_PUB_FAILED, the
+                    # connection's last words: a failing store also refuses this batch's
+                    # publish, whose own E_PUB_FAILED would follow the first one.
+                    if close.frame is not None and not conn.ended:
                         self._metrics.protocol_error("nsq", close.frame[8:])
-                        self._out.append(close.frame)
-                    await self._flush_all()
+                        conn.out.append(close.frame)
+                    await conn.flush_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
@@ -211,20 +231,18 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
 
         Replies and deliveries go into one outbox in the order they happen (a client must
         see SUB's OK before the first message). While a batch runs the writer holds the
-        outbox back, and a batch that published awaits one store flush before releasing
-        it: that is the group commit, and no OK leaves before its message is stored.
+        outbox back; the OKs of publishes wait in the reply gate for the batch's commit.
         """
+        conn = self.conn
         codec = self.codec
-        out = self._out
+        out = conn.out
         start = len(out)
-        published = False
-        failed: StoreUnavailable | None = None
         got_command = False
         delivered = self.message_count
-        self._holding = True
+        conn.holding = True
         deadline, self._read_deadline = self._read_deadline, math.inf  # not while processing
         more = False
-        turn = self._turn
+        turn = conn.turn
         turn.start()
         try:
             while True:
@@ -233,7 +251,7 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                     break
                 event = codec.next_event()
                 if event is None:
-                    if published and self._flush_waits and self._read_more():
+                    if conn.open_commit is not None and self._read_more():
                         continue  # more input is here already: the same commit takes it
                     break
                 got_command = True
@@ -245,16 +263,12 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 elif cls is ev.Pub:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
-                    self._publish(event.topic, [event.body])  # type: ignore[union-attr]
-                    self._out.append(OK_FRAME)
-                    published = True
+                    self._publish(event.topic, [event.body], OK_FRAME)  # type: ignore[union-attr]
                 elif cls is ev.Rdy:
                     if self.consumer is not None:
                         self.consumer.set_ready(event.count)  # type: ignore[union-attr]
                 elif cls is ev.Mpub:
-                    self._publish(event.topic, event.bodies, command="MPUB")  # type: ignore[union-attr]
-                    self._out.append(MPUB_OK_FRAME)
-                    published = True
+                    self._publish(event.topic, event.bodies, MPUB_OK_FRAME, command="MPUB")  # type: ignore[union-attr]
                 elif cls is ev.MpubStart:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("MPUB", event.topic, "")  # type: ignore[union-attr]
@@ -267,20 +281,19 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 elif cls is ev.Dpub:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("DPUB", event.topic, "")  # type: ignore[union-attr]
-                    self._publish(event.topic, [event.body], event.defer_ms / 1000, "DPUB")  # type: ignore[union-attr]
-                    self._out.append(DPUB_OK_FRAME)
-                    published = True
+                    delay = event.defer_ms / 1000  # type: ignore[union-attr]
+                    self._publish(event.topic, [event.body], DPUB_OK_FRAME, delay, "DPUB")  # type: ignore[union-attr]
                 elif cls is ev.Sub:
                     await self._sub(event)  # type: ignore[arg-type]
                 elif cls is ev.Cls:
                     if self.consumer is not None:
                         self.consumer.set_ready(0)
-                    self._out.append(CLOSE_WAIT_FRAME)
+                    conn.out.append(CLOSE_WAIT_FRAME)
                 elif cls is ev.Identify:
-                    await self._commits.wait()  # the framing may change: earlier bytes first
+                    await conn.settled()  # the framing may change: earlier bytes first
                     await self._identify(event)  # type: ignore[arg-type]
                 elif cls is ev.Auth:
-                    await self._commits.wait()
+                    await conn.settled()
                     await self._auth(event)  # type: ignore[arg-type]
                 elif cls is ev.ProtocolError:
                     raise _Close(event.frame)  # type: ignore[union-attr]
@@ -290,53 +303,40 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
             )
             if self.group is not None and got_command:
                 self.group.pump()  # refill the window once for the whole batch of FINs
-            if published and self._flush_waits and self._nursery is not None:
-                # the commit runs while the next batch is read (commits.py); this
-                # batch's frames wait for it
-                self._commits.hold(
-                    self._nursery, len(out) - start if self._out is out else len(self._out)
-                )
-            elif published:
-                # Group commit: one store flush acknowledges every publish of this batch.
-                try:
-                    await self.server.broker.flush()
-                except StoreUnavailable as exc:
-                    failed = exc
-            self._holding = False
-            out_at_start = out
-            del out
-        if failed is not None:
-            self._pub_failed(start, failed)
+            # the commit runs while the next batch is read; this batch's OKs wait for it
+            conn.commit_soon()
+            conn.holding = False
         if (
-            self._out is out_at_start
-            and self._gate is None  # no commit released frames meanwhile (commits.py)
-            and len(out_at_start) - start == 2 * (self.message_count - delivered)
+            conn.out is out
+            and conn.held_from is None  # no OK waits for a commit
+            and len(out) - start == 2 * (self.message_count - delivered)
             and self.consumer is not None
             and not self._send_deliveries(self.consumer)
         ):
             return more  # nothing but deliveries (two chunks each) since the batch began
-        if self._out:
-            if self._sending:
-                self._wake.set()
+        if conn.out:
+            if conn.sending:
+                conn.wake.set()
             else:
                 # Reply from the reader's own task: one task switch less per round trip,
                 # which is most of a PUB's latency. A client that stops reading blocks
                 # its own reader here, as nsqd's does.
-                await self._flush()
+                await conn.flush()
         return more
 
     def _read_more(self) -> bool:
         """With a store whose flush waits (Redis, the durable store), what the client has
         already sent joins the batch before its commit, with one non-blocking read: a
         producer with several MPUBs outstanding (one read holds about three of 20 KB) then
-        waits for one commit instead of one per read. Never with the memory store, where a
-        commit costs nothing and the read would usually find nothing."""
-        if self._fd is None:
+        waits for one commit instead of one per read. Never when nothing waits for a
+        commit (the memory store), where the read would usually find nothing."""
+        conn = self.conn
+        if conn.fd is None:
             return False
-        data = try_read(self._fd, _RECEIVE_SIZE)
+        data = try_read(conn.fd, _RECEIVE_SIZE)
         if not data:
             return False  # nothing there, or closed (the next receive sees it too)
-        self._bytes_in.inc(len(data))
+        conn.bytes_in.inc(len(data))
         try:
             self.codec.receive_data(data)
         except CompressionError:
@@ -344,8 +344,15 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
         return True
 
     def _publish(
-        self, topic: str, bodies: list[bytes], delay: float = 0.0, command: str = "PUB"
+        self,
+        topic: str,
+        bodies: list[bytes],
+        ok: bytes,
+        delay: float = 0.0,
+        command: str = "PUB",
     ) -> None:
+        owed = self._owed
+        before = owed.count
         try:
             self.server.broker.publish(
                 topic,
@@ -356,25 +363,31 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
                 publisher=self,  # a NATS subscriber fed past its stall mark stalls it
             )
         except StoreUnavailable as exc:
-            self._pub_failed(len(self._out), exc, command)
+            # The store cannot write: nsqd's fatal E_PUB_FAILED (E_MPUB_FAILED,
+            # E_DPUB_FAILED), after the replies queued before it.
+            raise _Close(self._failed_frame(command, exc)) from None
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+        if owed.count != before:
+            self.conn.reply_after_commit(ok, self._failed[command], last=True)
+        else:
+            self.conn.out.append(ok)
 
-    def _pub_failed(self, start: int, exc: StoreUnavailable, command: str = "PUB") -> None:
-        """The store cannot write: no OK of this batch goes out, and the client gets
-        nsqd's fatal E_PUB_FAILED (E_MPUB_FAILED, E_DPUB_FAILED; nsqd closes the
-        connection after it too)."""
-        raise _Close(withdraw_oks(self._out, start, exc, command))
+    def _publish_failed(self, command: str, exc: StoreUnavailable) -> bytes:
+        """A publish's commit failed: its OK becomes nsqd's fatal error (counted here;
+        the connection ends after it)."""
+        frame = self._failed_frame(command, exc)
+        self._metrics.protocol_error("nsq", frame[8:])
+        return frame
 
-    # -- output (tcp.QueuedWriter) ---------------------------------------------------
-
-    async def _send_now(self, frames: list[bytes]) -> None:
-        self._out.extend(frames)
-        await self._flush_all()
+    @staticmethod
+    def _failed_frame(command: str, exc: StoreUnavailable) -> bytes:
+        return error_frame(f"E_{command}_FAILED {command} failed {exc}".encode())
 
     async def _timers(self) -> None:
         """Heartbeats, and nsqd's deadlines: the read deadline (two heartbeat intervals
         without a command) and the write deadline (a write blocked for a heartbeat
         interval; checked at each heartbeat, so it fires within one to two intervals)."""
+        conn = self.conn
         watched_sends = -1
         while True:
             deadline = min(self._next_heartbeat, self._read_deadline, self._flush_at)
@@ -385,19 +398,238 @@ class NSQSession(Handshake, Consuming, QueuedWriter):
             now = trio.current_time()
             if now >= self._flush_at:
                 self._flush_at = math.inf
-                if self._out:
-                    self._wake.set()  # buffered deliveries: their time is up
+                if conn.out:
+                    conn.wake.set()  # buffered deliveries: their time is up
             if now >= self._read_deadline:
-                self._cancel.cancel()  # silence: close without an error frame
+                conn.cancel()  # silence: close without an error frame
                 return
             if now >= self._next_heartbeat:
-                if self._blocked and self._blocked_sends == watched_sends:
-                    self._cancel.cancel()  # a write stuck since the last heartbeat
+                if conn.blocked and conn.blocked_sends == watched_sends:
+                    conn.cancel()  # a write stuck since the last heartbeat
                     return
-                watched_sends = self._blocked_sends if self._blocked else -1
-                self._out.append(HEARTBEAT_FRAME)
-                self._wake.set()
+                watched_sends = conn.blocked_sends if conn.blocked else -1
+                conn.out.append(HEARTBEAT_FRAME)
+                conn.wake.set()
                 self._next_heartbeat += self.heartbeat_interval
+
+    # -- IDENTIFY and AUTH -------------------------------------------------------------
+
+    async def _identify(self, event: ev.Identify) -> None:
+        features = self.server.features
+        out = self.conn.out
+        try:
+            identity = identify(event.body, features, self.remote_ip)
+        except IdentifyError as exc:
+            raise _Close(error_frame(str(exc).encode())) from None
+        if identity.snappy and identity.deflate:
+            raise _Close(
+                error_frame(b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
+            )
+        self._apply_identity(identity)
+        if not identity.feature_negotiation:
+            out.append(OK_FRAME)
+            self.codec.resume()
+            return
+        out.append(response_frame(negotiation_response(identity, features)))
+        if not (identity.tls_v1 or identity.snappy or identity.deflate):
+            self.codec.resume()
+            return
+        # Upgrades: the JSON goes out in plain text first, then each step answers OK in
+        # its new framing (docs/protocols/nsq.md §9). The client sends nothing until each OK.
+        await self.conn.flush_all()
+        if identity.tls_v1:
+            await self._upgrade_tls()
+            await self._send_now(OK_FRAME)
+        if identity.snappy:
+            snappy = SnappyStream()
+            self.codec.set_decoder(snappy.decode)
+            self.conn.encode = snappy.encode
+            self.snappy = True
+            await self._send_now(OK_FRAME)
+        if identity.deflate:
+            deflate = DeflateStream(identity.deflate_level)
+            self.codec.set_decoder(deflate.decode)
+            self.conn.encode = deflate.encode
+            self.deflate = True
+            await self._send_now(OK_FRAME)
+        self.codec.resume()
+
+    async def _send_now(self, frame: bytes) -> None:
+        self.conn.out.append(frame)
+        await self.conn.flush_all()
+
+    def _apply_identity(self, identity: Identity) -> None:
+        self.client_id = identity.client_id
+        self.hostname = identity.hostname
+        self.user_agent = identity.user_agent
+        self.sample_rate = identity.sample_rate
+        self.msg_timeout = identity.msg_timeout / 1000
+        self.output_buffer_size = identity.output_buffer_size
+        self.output_buffer_timeout = identity.output_buffer_timeout / 1000
+        if self.consumer is not None:
+            self.consumer.timeout = self.msg_timeout
+        now = trio.current_time()
+        if identity.heartbeat_interval == -1:
+            self.codec.heartbeats_disabled = True
+            self.heartbeat_interval = 0.0
+            self._next_heartbeat = math.inf
+        else:
+            self.codec.heartbeats_disabled = False
+            self.heartbeat_interval = identity.heartbeat_interval / 1000
+            self._next_heartbeat = now + self.heartbeat_interval
+        if self._timer_scope is not None:
+            self._timer_scope.deadline = min(self._next_heartbeat, self._flush_at)
+
+    async def _upgrade_tls(self) -> None:
+        assert self.server.ssl_context is not None
+        if self.codec.buffered:
+            raise _Close()  # the client must wait for the JSON before its TLS hello
+        try:
+            await self.conn.start_tls(self.server.ssl_context, _TLS_HANDSHAKE_TIMEOUT)
+        except HandshakeFailed:
+            raise _Close() from None
+        self.tls = True
+        self.codec.tls_required = False
+
+    async def _auth(self, event: ev.Auth) -> None:
+        if self.auth_state is not None:
+            raise _Close(error_frame(b"E_INVALID AUTH already set"))
+        if self.server.auth is None:
+            raise _Close(error_frame(b"E_AUTH_DISABLED AUTH disabled"))
+        state = await self._query_auth(event.secret)
+        if not state.authorizations:
+            raise _Close(error_frame(b"E_UNAUTHORIZED AUTH no authorizations found"))
+        self.auth_state = state
+        self._secret = event.secret
+        self.conn.out.append(response_frame(state.response_json()))
+
+    async def _query_auth(self, secret: bytes) -> AuthState:
+        assert self.server.auth is not None
+        try:
+            return await self.server.auth.query(
+                secret.decode("utf-8", "surrogateescape"), self.remote_ip, self.tls
+            )
+        except AuthFailed:
+            raise _Close(error_frame(b"E_AUTH_FAILED AUTH failed")) from None
+
+    async def _check_auth(self, cmd: str, topic: str, channel: str) -> None:
+        if self.server.auth is None:
+            return
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise _Close(error_frame(f"E_AUTH_FIRST AUTH required before {cmd}".encode()))
+        if state.is_expired(trio.current_time()):
+            state = self.auth_state = await self._query_auth(self._secret)
+        if not state.is_allowed(topic, channel, "subscribe" if cmd == "SUB" else "publish"):
+            raise _Close(
+                error_frame(
+                    f'E_UNAUTHORIZED AUTH failed for {cmd} on "{topic}" "{channel}"'.encode()
+                )
+            )
+
+    # -- SUB, FIN, REQ, TOUCH ---------------------------------------------------------
+
+    async def _sub(self, event: ev.Sub) -> None:
+        await self._check_auth("SUB", event.topic, event.channel)
+        group = self.server.broker.group(
+            event.topic,
+            event.channel,
+            ephemeral_topic=is_ephemeral(event.topic),
+            ephemeral=is_ephemeral(event.channel),
+        )
+        self.group = group
+        self.consumer = group.attach(self, self.msg_timeout)
+        self.conn.out.append(OK_FRAME)
+
+    def _fins(self, msg_ids: list[bytes]) -> None:
+        group = self.group
+        consumer = self.consumer
+        assert group is not None
+        finish = group.finish
+        done = 0
+        for raw in msg_ids:
+            msg_id = _parse_id(raw)
+            outcome = (
+                Outcome.NOT_IN_FLIGHT if msg_id is None else finish(consumer, msg_id, pump=False)
+            )
+            if outcome:
+                self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", raw, outcome))
+            else:
+                done += 1
+        self.finish_count += done
+
+    def _req(self, event: ev.Req) -> None:
+        msg_id = _parse_id(event.msg_id)
+        assert self.group is not None
+        # nsqd clamps a REQ timeout past max-req-timeout silently (pynsq's default backoff
+        # of 90 s x attempts passes one hour after 40 attempts)
+        delay = min(event.timeout_ms, self.server.max_req_timeout) / 1000
+        outcome = (
+            Outcome.NOT_IN_FLIGHT
+            if msg_id is None
+            else self.group.requeue(self.consumer, msg_id, delay, pump=False)
+        )
+        if outcome:
+            self.conn.out.append(self._refused(b"E_REQ_FAILED REQ", event.msg_id, outcome))
+        else:
+            self.requeue_count += 1
+
+    def _touch(self, event: ev.Touch) -> None:
+        msg_id = _parse_id(event.msg_id)
+        assert self.group is not None
+        outcome = (
+            Outcome.NOT_IN_FLIGHT
+            if msg_id is None
+            else self.group.touch(
+                self.consumer, msg_id, self.msg_timeout, self.server.max_msg_timeout / 1000
+            )
+        )
+        if outcome:
+            self.conn.out.append(self._refused(b"E_TOUCH_FAILED TOUCH", event.msg_id, outcome))
+
+    def _refused(self, prefix: bytes, msg_id: bytes, outcome: Outcome) -> bytes:
+        reason = _NOT_OWNER if outcome is Outcome.NOT_OWNER else _NOT_IN_FLIGHT
+        text = b"%s %s failed %s" % (prefix, msg_id, reason)
+        self._metrics.protocol_error("nsq", text)
+        return error_frame(text)
+
+    # -- delivery (called by the broker, synchronously) --------------------------
+
+    def deliver(self, message: Message, consumer: Consumer) -> bool:
+        # sample_rate N: nsqd drops about (99-N)% of this client's messages for the channel
+        if self.sample_rate and random.randrange(100) > self.sample_rate:
+            return False
+        # header and body go separately: the writer's join copies the body once
+        body = message.body
+        conn = self.conn
+        out = conn.out
+        out.append(message_header(len(body), message.timestamp, message.attempts, message.id))
+        out.append(body)
+        conn.pending += 34 + len(body)
+        self.message_count += 1
+        if not conn.holding and self._send_deliveries(consumer):
+            conn.wake.set()  # from another task: the writer sends them
+        return True
+
+    def _send_deliveries(self, consumer: Consumer) -> bool:
+        """Whether queued deliveries go out now, as nsqd's messagePump decides: when they
+        fill output_buffer_size, or the client's window is full (it waits for them);
+        otherwise output_buffer_timeout after the first at the latest (the timer is set
+        here), or with the next reply to a command. A stream of single publishes thus
+        reaches a busy consumer in one write per buffer, not one write per message, and
+        FINs, which nsqd does not answer, do not flush either."""
+        if (
+            self.conn.pending >= self.output_buffer_size
+            or consumer.in_flight >= consumer.ready
+            or not self.output_buffer_timeout
+        ):
+            return True
+        if self._flush_at == math.inf:
+            self._flush_at = at = trio.current_time() + self.output_buffer_timeout
+            scope = self._timer_scope
+            if scope is not None and at < scope.deadline:
+                scope.deadline = at
+        return False
 
     # -- views -----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 A send becomes one broker publish: the topic is the topic, the body is stored
 uncompressed (so other protocols' consumers read the bytes the producer meant), the
 properties become headers, a DELAY level becomes the publish delay. Its answer leaves
-after the store flush that covers it (the session's group commit).
+after the store commit that covers it, when the broker says it must (the session's
+reply gate).
 """
 
 from __future__ import annotations
@@ -53,16 +54,6 @@ _SEND_OK_JSON = (
     '"opaque":{},"version":409}}'
 )
 _FRAME_PREFIX = struct.Struct(">iI")  # total length, header word (JSON: the length)
-
-
-class PendingSend:
-    """An answer that may leave only once the store has the message (group commit)."""
-
-    __slots__ = ("frame", "request")
-
-    def __init__(self, request: Request, frame: bytes) -> None:
-        self.request = request
-        self.frame = frame
 
 
 class ProduceRequests:
@@ -125,7 +116,7 @@ class ProduceRequests:
         levels = self.server.delay_levels
         return levels[min(level, len(levels)) - 1] if level > 0 else 0.0
 
-    def _send_message(self, request: Request) -> PendingSend:
+    def _send_message(self, request: Request) -> bytes:
         fields = self._send_fields(request)
         topic = rq.topic(fields)
         sys_flag = rq.integer(fields, "sysFlag", 0)
@@ -142,9 +133,9 @@ class ProduceRequests:
             if reconsume > limit:
                 return self._dead_letter_send(request, topic[len(RETRY_PREFIX) :], body, headers)
         messages, queue_id, offset = self._store(fields, topic, [body], headers)
-        return PendingSend(request, self._send_result(request, messages, queue_id, offset))
+        return self._send_result(request, messages, queue_id, offset)
 
-    def _send_batch(self, request: Request) -> PendingSend:
+    def _send_batch(self, request: Request) -> bytes:
         fields = self._send_fields(request)
         topic = rq.topic(fields)
         sys_flag = rq.integer(fields, "sysFlag", 0)
@@ -173,7 +164,7 @@ class ProduceRequests:
             stored += messages
             first = first or (queue_id, offset)
         assert first is not None
-        return PendingSend(request, self._send_result(request, stored, *first))
+        return self._send_result(request, stored, *first)
 
     def _store(
         self,
@@ -228,7 +219,7 @@ class ProduceRequests:
 
     # -- retries and dead letters -------------------------------------------------------------
 
-    def _send_back(self, request: Request) -> PendingSend | bytes:
+    def _send_back(self, request: Request) -> bytes:
         """CONSUMER_SEND_MSG_BACK: a consumer failed a message (notes 6). A copy goes to
         `%RETRY%<group>` after the delay level's time, or, past maxReconsumeTimes, to
         `%DLQ%<group>`, buried. The original is acknowledged by the consumer's commit."""
@@ -271,14 +262,14 @@ class ProduceRequests:
             headers=headers,
             origin=self.origin,
         )
-        return PendingSend(request, self.ok(request))
+        return self.ok(request)
 
     def _dead_letter_send(
         self, request: Request, group: str, body: bytes, headers: list[tuple[str, str]]
-    ) -> PendingSend:
+    ) -> bytes:
         headers = [(k, v) for k, v in headers if k != DELAY]
         messages = self.server.dead_letter(group, body, headers, self.origin)
         if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
-            return PendingSend(request, self.ok(request))
+            return self.ok(request)
         offset = self.server.sent(dlq_topic(group), 0, messages)
-        return PendingSend(request, self._send_result(request, messages, 0, offset))
+        return self._send_result(request, messages, 0, offset)

@@ -1,11 +1,11 @@
 """One RocketMQ remoting connection: nameserver and broker requests, on the TCP shell.
 
 The reader parses every complete frame of one receive and answers them in order of
-arrival, except that answers to sends wait for one store flush (the group commit) and a
-pull with nothing to return is held in a task of its own until a message arrives in its
-queue or its suspend time runs out (a long poll must not block the other requests on the
-connection; clients match answers by opaque, in any order; notes 1). Output goes through
-tcp.QueuedWriter, the one writer every session uses.
+arrival: a send's answer waits in the connection shell's reply gate for the store commit
+the broker says it needs (one commit for the batch's sends), and a pull with nothing to
+return is held in a task of its own until a message arrives in its queue or its suspend
+time runs out (a long poll must not block the other requests on the connection; clients
+match answers by opaque, in any order; notes 1).
 
 A framing error (negative or oversize length, header past the frame, undecodable header)
 closes the connection without an answer, as NettyDecoder does; any other bad request gets
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import trio
 
@@ -32,25 +33,35 @@ from gateway.protocols.rocketmq.codes import RequestCode
 from gateway.protocols.rocketmq.consume import ConsumeRequests
 from gateway.protocols.rocketmq.events import ProtocolError, Request
 from gateway.protocols.rocketmq.mapping import valid_topic
-from gateway.protocols.rocketmq.produce import PendingSend, ProduceRequests
+from gateway.protocols.rocketmq.produce import ProduceRequests
 from gateway.protocols.rocketmq.server import RocketMQServer
-from gateway.tcp import Buffered, QueuedWriter, receive, socket_fd
+from gateway.tcp import Connection
 
 log = logging.getLogger("gateway.rocketmq")
 
 _RECEIVE_SIZE = 65536
 PROTOCOL = "rocketmq"
 
-Answer = bytes | PendingSend | None
+Answer = bytes | None
+# the requests that publish: their answers acknowledge what the store keeps
+_SENDS = frozenset(
+    {
+        RequestCode.SEND_MESSAGE,
+        RequestCode.SEND_MESSAGE_V2,
+        RequestCode.SEND_BATCH_MESSAGE,
+        RequestCode.CONSUMER_SEND_MSG_BACK,
+    }
+)
 
 
-class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
+class RocketMQSession(ConsumeRequests, ProduceRequests):
     protocol = PROTOCOL
 
     def __init__(self, server: RocketMQServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
-        self.stream = stream
         self.remote = remote
+        self.conn = Connection(stream, remote, PROTOCOL, server.metrics, commit=server.broker.flush)
+        self._owed = server.broker.owed  # which sends' answers wait for their commit
         self.remote_host = remote.rsplit(":", 1)[0].strip("[]")
         self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)
         self.origin = f"{PROTOCOL} {remote}"
@@ -58,18 +69,9 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         # consumer group -> the group its BROADCASTING client reads through (server.py)
         self.broadcast: dict[str, str] = {}
         self.heartbeat_seen: trio.Event | None = trio.Event()  # set by the first heartbeat
-        self._fd = socket_fd(stream)
-        self._out: list[bytes] = []
-        self._pending = 0
-        self._buffered = Buffered.unbounded()  # no listener-wide bound
-        self._sending = False
-        self._wake = trio.Event()
-        self._cancel = trio.CancelScope()
-        self._nursery: trio.Nursery | None = None
         self.held_pulls = 0
         self._next_opaque = 0  # for requests the gateway sends (NOTIFY_CONSUMER_IDS_CHANGED)
         self._metrics = server.metrics
-        self._bytes_out = server.metrics.bytes_out.labels(PROTOCOL)
         self._handlers: dict[int, Callable[[Request], Answer]] = {
             RequestCode.SEND_MESSAGE_V2: self._send_message,
             RequestCode.SEND_MESSAGE: self._send_message,
@@ -95,76 +97,57 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
     # -- life cycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        server = self.server
-        server.sessions.add(self)
-        m = self._metrics
-        m.connections.labels(PROTOCOL).inc()
-        m.connections_total.labels(PROTOCOL).inc()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._cancel = nursery.cancel_scope
-                self._nursery = nursery
-                nursery.start_soon(self._writer)
-                await self._reader()
-                nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            self._fd = None  # never write to a descriptor number that may be reused
-            server.sessions.discard(self)
-            self._leave_all()
-            m.connections.labels(PROTOCOL).dec()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self.stream)
+        self.server.sessions.add(self)
+        await self.conn.run(self._reader, on_close=self._closed)
+
+    def _closed(self) -> None:
+        self.server.sessions.discard(self)
+        self._leave_all()
 
     def close(self) -> None:
-        self._cancel.cancel()
+        self.conn.cancel()
 
     async def _reader(self) -> None:
-        bytes_in = self._metrics.bytes_in.labels(PROTOCOL)
+        conn = self.conn
         limit = self.server.max_output_bytes
         while True:
             # the peer does not read its answers: neither do we read its requests, until
             # what waits is written (the writer may be blocked in a send right now)
-            if self._pending > limit:
-                await self._flush_all()
-            data = await receive(self.stream, self._fd, _RECEIVE_SIZE)
+            if conn.pending > limit:
+                await conn.flush_all()
+            data = await conn.receive(_RECEIVE_SIZE)
             if not data:
                 return
-            bytes_in.inc(len(data))
             self.codec.receive_data(data)
             if not await self._process():
-                await self._flush()
+                await conn.flush()
                 return
 
     async def _process(self) -> bool:
         """Answer every complete frame; False when the stream cannot be read further."""
-        answers: list[bytes] = []
-        sends: list[PendingSend] = []
+        conn = self.conn
+        owed = self._owed
         keep_open = True
         for event in self.codec.events():
             if event.__class__ is Request:
+                before = owed.count
                 answer = self._answer(event)  # type: ignore[arg-type]
                 if answer is None:
                     continue
-                if answer.__class__ is PendingSend:
-                    sends.append(answer)  # type: ignore[arg-type]
+                if owed.count != before and event.code in _SENDS:  # type: ignore[union-attr]
+                    failed = partial(self._store_failed, event)
+                    conn.reply_after_commit(answer, failed)
                 else:
-                    answers.append(answer)  # type: ignore[arg-type]
+                    conn.out.append(answer)
+                    conn.pending += len(answer)
             elif event.__class__ is ProtocolError:
                 self._metrics.protocol_error(PROTOCOL, "FRAME")
                 log.info("rocketmq connection from %s closed: %s", self.remote, event.reason)  # type: ignore[union-attr]
                 keep_open = False
             # a Response answers a request the gateway sent; nothing waits for it
-        if sends:
-            try:
-                await self.server.broker.flush()
-            except StoreUnavailable as exc:
-                answers += [self._store_failed(send, exc) for send in sends]
-            else:
-                answers += [send.frame for send in sends]
-        if answers:
-            self.send_frames(answers)
+        await conn.commit()  # the sends' group commit, if they wait for one
+        if not conn.sending:
+            conn.write_queued()
         return keep_open
 
     def _answer(self, request: Request) -> Answer:
@@ -204,20 +187,21 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
             request.opaque, ext_fields=ext, body=body, serialize_type=request.serialize_type
         )
 
-    def _store_failed(self, send: PendingSend, exc: StoreUnavailable) -> bytes:
-        return self.error(
-            send.request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
-        )
+    def _store_failed(self, request: Request, exc: StoreUnavailable) -> bytes:
+        """A send whose commit failed: the error a Java broker answers when it cannot
+        store."""
+        return self.error(request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}")
 
     # -- output -------------------------------------------------------------------------------
 
     def send_frames(self, frames: list[bytes]) -> None:
         """Queue frames and write them now if the socket takes them (from any task)."""
-        self._out.extend(frames)
-        self._pending += sum(len(f) for f in frames)
-        if self._sending:
+        conn = self.conn
+        conn.out.extend(frames)
+        conn.pending += sum(len(f) for f in frames)
+        if conn.sending:
             return  # the writer in progress sends them after its current write
-        self._write_queued()
+        conn.write_queued()
 
     def notify(self, code: int, ext: dict[str, object]) -> None:
         """A oneway request to the client (NOTIFY_CONSUMER_IDS_CHANGED)."""
@@ -225,8 +209,8 @@ class RocketMQSession(QueuedWriter, ConsumeRequests, ProduceRequests):
         self.send_frames([encode_request(code, self._next_opaque, ext_fields=ext, oneway=True)])
 
     def spawn(self, task: Callable[[], object]) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(task)  # type: ignore[arg-type]
+        assert self.conn.nursery is not None
+        self.conn.nursery.start_soon(task)  # type: ignore[arg-type]
 
     # -- nameserver ---------------------------------------------------------------------------
 
