@@ -26,7 +26,7 @@ import trio
 from gateway.broker import Group, Topic, query
 from gateway.broker.stats import COUNTS
 from gateway.http.gocompat import go_json
-from gateway.http.router import HTTPError, Request, Response, Router
+from gateway.http.router import HTTPError, Request, Response, Router, committed
 from gateway.model import Message
 
 if TYPE_CHECKING:
@@ -233,7 +233,6 @@ def register(router: Router, gateway: Gateway) -> None:
                 except ValueError:
                     raise HTTPError(400, "INVALID_BOUND") from None
                 result["kicked"] = await gateway.broker.kick(group, bound)
-            await gateway.broker.flush()
             return _json(result)
 
         return handler
@@ -243,4 +242,4 @@ def register(router: Router, gateway: Gateway) -> None:
     router.add("/admin/api/peek", peek, "GET")
     router.add("/admin/api/message", message, "GET")
     for name in ("pause", "unpause", "empty", "kick"):
-        router.add(f"/admin/api/{name}", action(name), "POST")
+        router.add(f"/admin/api/{name}", committed(gateway.broker.flush, action(name)), "POST")

@@ -3,7 +3,7 @@
 
 The checks run in nsqd's order, because a client that sends several faults at once sees
 the first one nsqd would report (/pub reads the body before it looks at the topic). Every
-publish is answered only after the store has accepted it (`broker.flush()`).
+write is answered only after the store has committed it (`router.committed`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker import query
 from gateway.http import stats
-from gateway.http.router import HTTPError, Request, Response, Router, text, v1, v1_json
+from gateway.http.router import (
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    committed,
+    text,
+    v1,
+    v1_json,
+)
 from gateway.protocols.nsq.names import is_ephemeral, is_valid_name
 
 if TYPE_CHECKING:
@@ -158,7 +167,6 @@ class NSQDAPI:
                 raise HTTPError(400, "INVALID_DEFER")
             delay = ns / 1e9
         self._publish(request, topic, [body], delay)
-        await self.broker.flush()
         return v1("OK")
 
     async def mpub(self, request: Request) -> Response:
@@ -180,7 +188,6 @@ class NSQDAPI:
             bodies = _text_bodies(data, self.limits.max_msg_size, max_body + 1)
         if bodies:  # an empty text body publishes nothing and is still OK
             self._publish(request, topic, bodies, 0.0)
-            await self.broker.flush()
         return v1("OK")
 
     def _publish(self, request: Request, topic: str, bodies: list[bytes], delay: float) -> None:
@@ -196,13 +203,11 @@ class NSQDAPI:
 
     async def topic_create(self, request: Request) -> Response:
         self._new_topic(request)
-        await self.broker.flush()
         return v1()
 
     async def topic_delete(self, request: Request) -> Response:
         if not self.broker.delete_topic(self._topic_arg(request)):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        await self.broker.flush()
         return v1()
 
     async def topic_empty(self, request: Request) -> Response:
@@ -210,7 +215,6 @@ class NSQDAPI:
         if not _valid(name):
             raise HTTPError(400, "INVALID_TOPIC")
         self._existing_topic(name).empty()
-        await self.broker.flush()
         return v1()
 
     async def topic_pause(self, request: Request) -> Response:
@@ -219,7 +223,6 @@ class NSQDAPI:
             topic.unpause()
         else:
             topic.pause()
-        await self.broker.flush()
         return v1()
 
     # -- channels ------------------------------------------------------------------------------
@@ -227,14 +230,12 @@ class NSQDAPI:
     async def channel_create(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
         topic.group(channel, ephemeral=is_ephemeral(channel))
-        await self.broker.flush()
         return v1()
 
     async def channel_delete(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
         if not topic.delete_group(channel):
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        await self.broker.flush()
         return v1()
 
     async def channel_empty(self, request: Request) -> Response:
@@ -243,7 +244,6 @@ class NSQDAPI:
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         group.empty()
-        await self.broker.flush()
         return v1()
 
     async def channel_pause(self, request: Request) -> Response:
@@ -255,7 +255,6 @@ class NSQDAPI:
             group.unpause()
         else:
             group.pause()
-        await self.broker.flush()
         return v1()
 
     # -- stats and config ----------------------------------------------------------------------
@@ -388,17 +387,21 @@ def register(router: Router, gateway: Gateway) -> None:
     api = NSQDAPI(gateway)
     router.add("/ping", api.ping, "GET")
     router.add("/info", api.info, "GET")
-    router.add("/pub", api.pub, "POST")
-    router.add("/mpub", api.mpub, "POST")
     router.add("/stats", api.stats, "GET")
-    router.add("/topic/create", api.topic_create, "POST")
-    router.add("/topic/delete", api.topic_delete, "POST")
-    router.add("/topic/empty", api.topic_empty, "POST")
-    router.add("/topic/pause", api.topic_pause, "POST")
-    router.add("/topic/unpause", api.topic_pause, "POST")
-    router.add("/channel/create", api.channel_create, "POST")
-    router.add("/channel/delete", api.channel_delete, "POST")
-    router.add("/channel/empty", api.channel_empty, "POST")
-    router.add("/channel/pause", api.channel_pause, "POST")
-    router.add("/channel/unpause", api.channel_pause, "POST")
+    writes = {
+        "/pub": api.pub,
+        "/mpub": api.mpub,
+        "/topic/create": api.topic_create,
+        "/topic/delete": api.topic_delete,
+        "/topic/empty": api.topic_empty,
+        "/topic/pause": api.topic_pause,
+        "/topic/unpause": api.topic_pause,
+        "/channel/create": api.channel_create,
+        "/channel/delete": api.channel_delete,
+        "/channel/empty": api.channel_empty,
+        "/channel/pause": api.channel_pause,
+        "/channel/unpause": api.channel_pause,
+    }
+    for path, handler in writes.items():
+        router.add(path, committed(api.broker.flush, handler), "POST")
     router.add_param("/config/", api.config, "GET", "PUT")

@@ -152,6 +152,20 @@ class Request:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def committed(commit: Callable[[], Awaitable[None]], handler: Handler) -> Handler:
+    """A write endpoint: its response leaves once `commit` (the broker's flush) has
+    stored what the request changed, as a session's reply waits in its reply gate (nsqd
+    answers a publish once it has it). A store that cannot write is answered 503 like a
+    refused write, and a request refused before it changed anything commits nothing."""
+
+    async def write(request: Request) -> Response:
+        response = await handler(request)
+        await commit()
+        return response
+
+    return write
+
+
 class Router:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
