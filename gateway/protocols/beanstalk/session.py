@@ -54,9 +54,9 @@ class BeanstalkSession(TubeCommands):
             remote,
             "beanstalk",
             server.metrics,
-            commit=server.broker.flush,
-            turn_budget=server.turn_budget,
             max_errors_in_a_row=server.max_errors_in_a_row,
+            turn_budget=server.turn_budget,
+            commit=server.broker.flush,
             batched_bytes=True,
         )
         self._owed = server.broker.owed  # which replies wait for their commit

@@ -75,7 +75,7 @@ class RouteSession:
     ) -> None:
         self.cluster = cluster
         self.peer = peer
-        self.conn = Connection(stream, peer, PROTOCOL, cluster.metrics, commit=cluster.broker.flush)
+        self.conn = Connection(stream, peer, PROTOCOL, cluster.metrics)
         self._owed = cluster.broker.owed
         self.solicited = solicited
         self.gossip_mode = gossip_mode
