@@ -51,7 +51,7 @@ class Broker:
         # the message archive (gateway/archive), or None: each topic takes its recorder
         self.archive = archive
         # the one owner of every store call (topics and groups hold it, or a null one)
-        self.journal = journal_for(store, memory_window)
+        self.journal = journal_for(self, store, memory_window)
         # what topics and groups record their messages through (NULL_JOURNAL: nowhere, as
         # ephemeral ones do, when the store keeps nothing anyone reads back)
         self.messages_journal = NULL_JOURNAL if self.journal.forgets else self.journal
@@ -61,7 +61,7 @@ class Broker:
         self._allocates_ids = self.journal.allocates_ids  # a store's constant
         # the stored groups' queues' broker-wide task: the pager of a paging store's
         # memory windows, or the claimer of a shared store (made by the journal, once)
-        self.queues = self.journal.backend(self)
+        self.queues = self.journal.backend
         # the records whose replies wait for their commit, counted (Owed): a session
         # compares `owed.count` before and after a command
         self.owed = self.journal.owed

@@ -1,12 +1,11 @@
 """The journal: the broker's one door to its store.
 
-Every store call goes through here: opening it and closing it, every change the broker
-makes to a queue that outlives the process (in the order it happens), the group commit,
-ids, failure state and figures, and a shared store's claims and reads. Nothing else in the
-gateway calls the store, and the store's exception stops here: a failed call raises
-`StoreUnavailable`, the broker's own. Ephemeral topics and groups (NSQ `#ephemeral`, NATS
-plain subscriptions) get `NULL_JOURNAL`, which records nothing, so the queue code never
-asks "is this stored?".
+Every store call goes through here, and nothing else in the gateway calls the store: its
+life cycle, every change to a queue that outlives the process (in the order it happens),
+the group commit, ids, failure state and figures, a shared store's claims and reads. The
+store's exception stops here: a failed call raises `StoreUnavailable`, the broker's own.
+Ephemeral topics and groups (NSQ `#ephemeral`, NATS plain subscriptions) get
+`NULL_JOURNAL`, which records nothing, so the queue code never asks "is this stored?".
 
 The journal also picks each group's queue backend (`queue()`), once, when the group is
 made: a local queue (queues.py) or, with a store several gateways share, a shared queue
@@ -84,11 +83,11 @@ async def _door(call: Awaitable[T]) -> T:
         raise _unavailable(exc) from exc
 
 
-def journal_for(store: Store, window: int) -> Journal:
+def journal_for(broker: Broker, store: Store, window: int) -> Journal:
     """The broker's journal for `store`: the one place that asks whether the store is
     shared. `window`: a paging store's per-group memory window."""
     if isinstance(store, SharedStore) and store.shares:
-        return SharedJournal(store, window)
+        return SharedJournal(broker, store)
     return Journal(store, window if store.pages else 0)
 
 
@@ -131,8 +130,8 @@ class Recorder:
 
 class Journal:
     __slots__ = (
-        *("allocates_ids", "ceiling", "durable", "forgets", "owed", "pager", "reserved"),
-        "store",
+        *("allocates_ids", "backend", "ceiling", "durable", "forgets", "pager", "reserved"),
+        *("owed", "store"),
     )
 
     # whether the store decides which groups a publish goes to, and keeps the topic's
@@ -151,6 +150,9 @@ class Journal:
         self.reserved = 0
         self.ceiling = 0
         self.pager = Pager(window)
+        # the broker-wide part of the stored groups' queues, whose task runs with the
+        # broker: the pager here, the claimer with a shared store
+        self.backend: Pager | Claims = self.pager
         self.owed = Owed()
 
     # -- the store's life cycle ------------------------------------------------
@@ -164,11 +166,6 @@ class Journal:
             self._reserve(state.last_id)
         await self.flush()
         return state
-
-    def backend(self, broker: Broker) -> Pager | Claims:
-        """The broker-wide part of the stored groups' queues: its background task runs
-        with the broker (the pager here; the claimer with a shared store)."""
-        return self.pager
 
     def queue(self, group: Group) -> Queue:
         """A stored group's queue backend, chosen once, when the group is made."""
@@ -344,19 +341,13 @@ class SharedJournal(Journal):
 
     fans_out = True
 
-    def __init__(self, store: SharedStore, window: int) -> None:
-        # the store keeps every stored group's queue: nothing to page
-        super().__init__(store, 0)
+    def __init__(self, broker: Broker, store: SharedStore) -> None:
+        super().__init__(store, 0)  # the store keeps every stored group's queue: no paging
         self.shared_store = store
-        self.claims: Claims | None = None
-
-    def backend(self, broker: Broker) -> Claims:
-        self.claims = Claims(broker, self)
-        self.shared_store.on_notify = self.claims.notified
-        return self.claims
+        self.backend = self.claims = Claims(broker, self)
+        store.on_notify = self.claims.notified
 
     def queue(self, group: Group) -> Queue:
-        assert self.claims is not None, "the broker makes its backend first"
         return SharedQueue(group, self.claims, self)
 
     def recorder(self, group: Group) -> Recorder:
