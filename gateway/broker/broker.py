@@ -23,7 +23,7 @@ from gateway.broker.group import Consumer, Group
 from gateway.broker.journal import NULL_JOURNAL, from_wall, journal_for
 from gateway.broker.queues import LocalQueue
 from gateway.broker.stats import Histogram
-from gateway.broker.taps import Taps
+from gateway.broker.taps import InterestWatch, Tap, Taps
 from gateway.broker.topic import Topic
 from gateway.model import DEFAULT_PRIORITY, Message, Publish
 
@@ -37,6 +37,10 @@ log = logging.getLogger("gateway.broker")
 DEFAULT_WINDOW = 10_000
 RETIRED_MAX = 1000  # deleted groups (and topics) whose counters are kept by name
 _PROTOCOLS_KEPT = 4096  # origins whose protocol is remembered (one per connection)
+
+# what a publish did: the messages made, and how many deliveries subject subscriptions
+# (taps) took. A plain tuple: made once per publish, on every protocol's hot path.
+Published = tuple[list[Message], int]
 
 
 class Broker:
@@ -77,6 +81,7 @@ class Broker:
         self.taps = Taps()  # subject subscriptions (NATS), matched on every publish
         # Told when a topic gets its first group (True) or loses its last (False): a NATS
         # cluster route announces interest in exactly the topics that keep messages.
+        # Set through watch_interest.
         self.on_groups: Callable[[str, bool], None] | None = None
         # for metrics: messages published per protocol to no kept topic (a NATS publish
         # only subscribers see; the rest is counted per topic, see published_by), and the
@@ -306,6 +311,25 @@ class Broker:
             topic.journal.topic_dropped(topic)
         return True
 
+    # -- subject subscriptions (taps) ------------------------------------------
+
+    def subscribe(self, pattern: str, tap: Tap, queue: str | None = None) -> None:
+        """A tap sees every message published to a topic `pattern` matches (see taps.py);
+        with `queue`, one member of that queue group does."""
+        self.taps.add(pattern, tap, queue)
+
+    def unsubscribe(self, pattern: str, tap: Tap, queue: str | None = None) -> None:
+        self.taps.remove(pattern, tap, queue)
+
+    def watch_interest(
+        self, on_taps: InterestWatch, on_groups: Callable[[str, bool], None]
+    ) -> None:
+        """Hear every change of local interest: a local tap coming or going (`on_taps`,
+        not a remote one), a topic getting its first group or losing its last
+        (`on_groups`). A NATS cluster announces exactly this interest to its routes."""
+        self.taps.watch = on_taps
+        self.on_groups = on_groups
+
     # -- publishing ------------------------------------------------------------
 
     def publish(
@@ -324,9 +348,11 @@ class Broker:
         publisher: object | None = None,
         header_block: bytes | None = None,
         routed: tuple[str, ...] | None = None,
-    ) -> list[Message]:
+    ) -> Published:
         """Create messages, queue them in the topic's groups and hand them to the taps that
-        match. Await `flush()` before acknowledging them. With `create=False` a topic that
+        match; the messages, and how many deliveries the taps took (0: no subscriber took
+        any; a NATS request then gets no responders). Await `flush()` before
+        acknowledging them. With `create=False` a topic that
         does not exist is not made (a NATS publish nobody asked for is not kept).
         `routed`: the messages came from a NATS cluster route, which named these queue
         groups; they reach local taps only (see taps.py). Raises StoreUnavailable, creating
@@ -387,5 +413,5 @@ class Broker:
         if t is not None:
             t.put(msgs, bodies)
         if self.taps:
-            self.taps.deliver(msgs, publisher, routed)
-        return msgs
+            return msgs, self.taps.deliver(msgs, publisher, routed)
+        return msgs, 0

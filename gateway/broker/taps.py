@@ -23,29 +23,44 @@ protocol has to:
   remote ones, each remote member counting with the weight its route announced (how many
   subscribers sit behind it), as nats-server picks among its local members and routes.
 
-`watch` hears every change of *local* interest, so the cluster code can announce it (RS+
-and RS-); remote taps are never announced back. `deferred` lets a remote tap see every
-match of one message before it acts: a route must send one copy per message, naming every
-queue group it was chosen for.
+The cluster code hears every change of *local* interest through `watch` (see
+`Broker.watch_interest`), so it can announce it (RS+ and RS-); remote taps are never
+announced back. A remote tap may need to see every match of one message before it acts (a
+route sends one copy per message, naming every queue group it was chosen for): its `tap`
+then returns a `Deferred`, told once every tap has seen the message. What a delivery did
+is its return value (how many taps took each message), not state left here to read back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.model import Message
 from gateway.subjects import SubjectIndex
 
 
+class Deferred(Protocol):
+    def tapped(self, message: Message) -> None:
+        """Every tap has seen the message (a route sends its one copy now)."""
+
+
 class Tap(Protocol):
-    def tap(self, message: Message, publisher: object | None) -> bool | None:
-        """Take the message; False when this tap declines it (its own publisher's echo,
-        a subject its subscriber may not receive): a queue group then tries another."""
+    """What the broker hands messages to. `remote`, when a class sets it True, marks
+    interest held elsewhere (a route's); read only when taps come and go, and for a
+    routed message, never per delivery."""
+
+    def tap(self, message: Message, publisher: object | None) -> bool | Deferred | None:
+        """Take the message. False when this tap declines it (its own publisher's echo,
+        a subject its subscriber may not receive): a queue group then tries another. A
+        `Deferred` (a remote tap's route) took it and wants `tapped(message)` once every
+        tap has seen it. True or None: taken."""
 
 
-class DeferredTap(Protocol):
-    def tapped(self, message: Message) -> None: ...
+class Member(Tap, Protocol):
+    """A remote queue group member: weighted by the subscribers behind it."""
+
+    weight: int
 
 
 # (pattern, queue or None, +1 or -1): a local tap came or went
@@ -61,7 +76,7 @@ class _Queue:
     def __init__(self, name: str) -> None:
         self.name = name
         self.local: list[Tap] = []
-        self.remotes: list[Tap] = []  # each with a `weight`
+        self.remotes: list[Member] = []
         self.turn = 0
 
     @property
@@ -82,7 +97,7 @@ class _Queue:
             self.turn = (self.turn + 1) % len(local)
             return local[self.turn]
         # weighted round robin over local members (weight 1) and routes (their weight)
-        total = len(local) + sum([m.weight for m in remotes])  # type: ignore[attr-defined]
+        total = len(local) + sum([m.weight for m in remotes])
         if total == 0:
             return None  # weight 0 is announced but never chosen
         self.turn = turn = (self.turn + 1) % total
@@ -90,7 +105,7 @@ class _Queue:
             return local[turn]
         turn -= len(local)
         for member in remotes:
-            weight: int = member.weight  # type: ignore[attr-defined]
+            weight = member.weight
             if turn < weight:
                 return member
             turn -= weight
@@ -99,13 +114,10 @@ class _Queue:
 
 class Taps:
     def __init__(self) -> None:
+        # matched on every publish: plain taps and the _Queue of each queue group
         self._index = SubjectIndex()
         self._queues: dict[tuple[str, str], _Queue] = {}
-        self.watch: InterestWatch | None = None
-        self.deferred: list[DeferredTap] = []
-        # deliveries made by the last deliver() (a publisher that asked for no-responders
-        # sets it to 0 before publishing: nothing took it, 503)
-        self.reached = 0
+        self.watch: InterestWatch | None = None  # set through Broker.watch_interest
         self._spin = 0  # which of several queues of one name is tried first
 
     def __bool__(self) -> bool:
@@ -121,7 +133,7 @@ class Taps:
             if group is None:
                 group = self._queues[(pattern, queue)] = _Queue(queue)
                 self._index.add(pattern, group)
-            members = group.remotes if remote else group.local
+            members: list[Any] = group.remotes if remote else group.local
             if tap in members:
                 return
             members.append(tap)
@@ -137,7 +149,7 @@ class Taps:
             group = self._queues.get((pattern, queue))
             if group is None:
                 return
-            members = group.remotes if remote else group.local
+            members: list[Any] = group.remotes if remote else group.local
             if tap not in members:
                 return
             members.remove(tap)
@@ -157,49 +169,67 @@ class Taps:
         routed: tuple[str, ...] | None = None,
     ) -> int:
         """Hand each message to every matching tap (one member per queue); how many
-        targets matched. `routed`: the message came from a cluster route, which named
-        these queue groups (see the module docstring)."""
+        deliveries were taken, all messages together (0: nobody took any). `routed`: the
+        message came from a cluster route, which named these queue groups (see the module
+        docstring)."""
         if not messages:
             return 0
-        targets = self._index.match(messages[0].topic)
+        # the index holds taps and _Queues; a tap's class is the caller's, so the one
+        # check per target is `is _Queue`, done once per publish, not per message
+        targets: list[Any] = self._index.match(messages[0].topic)
         if not targets:
             return 0
         if routed is not None:
             targets = [t for t in targets if not getattr(t, "remote", False)]
-        deferred = self.deferred
+        # a tap's answer is True/None (taken), False (declined) or a Deferred: one
+        # identity test per delivery when it is True, as a local subscription answers
+        deferred: list[Deferred] = []
+        reached = 0
         if not self._queues:  # no queue group anywhere: every target is a plain tap
-            declined = 0
             for message in messages:
                 for target in targets:
-                    if target.tap(message, publisher) is False:  # type: ignore[attr-defined]
-                        declined += 1
+                    took = target.tap(message, publisher)
+                    if took is not True:
+                        if took is False:
+                            continue
+                        if took is not None:
+                            deferred.append(took)
+                    reached += 1
                 if deferred:
-                    for waiting in deferred:
-                        waiting.tapped(message)
-                    deferred.clear()
-            self.reached += len(targets) * len(messages) - declined
-            return len(targets)
+                    self._tapped(deferred, message)
+            return reached
         # nats-server puts every matching queue subscription of one queue name in one
         # group, whatever its subject: `job.> q` and `job.* q` share each message
         plain: list[Tap] = []
         named: dict[str, list[_Queue]] = {}
         for target in targets:
             if target.__class__ is _Queue:
-                named.setdefault(target.name, []).append(target)  # type: ignore[attr-defined]
+                named.setdefault(target.name, []).append(target)
             else:
-                plain.append(target)  # type: ignore[arg-type]
+                plain.append(target)
         for message in messages:
             for tap in plain:
-                if tap.tap(message, publisher) is not False:
-                    self.reached += 1
+                took = tap.tap(message, publisher)
+                if took is not True:
+                    if took is False:
+                        continue
+                    if took is not None:
+                        deferred.append(took)
+                reached += 1
             for queues in named.values():
-                if self._one_of(queues, message, publisher, routed):
-                    self.reached += 1
+                if self._one_of(queues, message, publisher, routed, deferred):
+                    reached += 1
             if deferred:
-                for waiting in deferred:
-                    waiting.tapped(message)
-                deferred.clear()
-        return len(targets)
+                self._tapped(deferred, message)
+        return reached
+
+    @staticmethod
+    def _tapped(deferred: list[Deferred], message: Message) -> None:
+        """Every tap has seen the message. A Deferred is answered once per message by
+        its tap (a route matched under several patterns notes the message once)."""
+        for waiting in deferred:
+            waiting.tapped(message)
+        deferred.clear()
 
     def _one_of(
         self,
@@ -207,6 +237,7 @@ class Taps:
         message: Message,
         publisher: object | None,
         routed: tuple[str, ...] | None,
+        deferred: list[Deferred],
     ) -> bool:
         """One member of a queue group takes the message: round robin over its members
         (across the subscriptions of its name), the next one when a member declines it,
@@ -218,6 +249,13 @@ class Taps:
             self._spin += 1
         for i in range(tries):
             member = queues[(start + i) % n].pick(routed)
-            if member is not None and member.tap(message, publisher) is not False:
-                return True
+            if member is None:
+                continue
+            took = member.tap(message, publisher)
+            if took is not True:
+                if took is False:
+                    continue
+                if took is not None:
+                    deferred.append(took)
+            return True
         return False

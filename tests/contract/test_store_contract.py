@@ -368,7 +368,7 @@ async def test_take_any_of_a_buried_message_is_recorded(pair: Pair) -> None:
         g = b.group("t", "g")
         sink = Collector()
         c = g.attach(sink, 60)
-        (m,) = b.publish("t", [b"job"])
+        (m,), _ = b.publish("t", [b"job"])
         assert g.take(c) is m
         g.bury(c, m.id)
         assert g.take_any(c, m.id) is m

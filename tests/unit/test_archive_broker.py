@@ -58,11 +58,11 @@ async def test_each_event_site(tmp_path: Path, autojump_clock: trio.testing.Mock
         g = b.group("t", "g")
         sink = Sink()
         c = g.attach(sink, 30)
-        (m1,) = b.publish("t", [b"a"], origin="nats 9.9.9.9:1")
+        (m1,), _ = b.publish("t", [b"a"], origin="nats 9.9.9.9:1")
         c.set_ready(1)
         g.finish(c, m1.id)  # delivered, acknowledged
         c.set_ready(0)
-        (m2,) = b.publish("t", [b"b"], origin="nsq 9.9.9.9:2")
+        (m2,), _ = b.publish("t", [b"b"], origin="nsq 9.9.9.9:2")
         c.set_ready(1)
         g.requeue(c, m2.id, 0)  # delivered, requeued, delivered again at once
         await trio.sleep(31)  # timed out: attempts 2 = max_attempts, so buried
@@ -70,7 +70,7 @@ async def test_each_event_site(tmp_path: Path, autojump_clock: trio.testing.Mock
         g.bury(c, m2.id)
         assert g.delete(m2.id)  # a buried job deleted
         c.set_ready(0)
-        (m3,) = b.publish("nobody", [b"c"])
+        (m3,), _ = b.publish("nobody", [b"c"])
         assert b.topics["nobody"].delete_backlog(m3.id) is not None
     peer = "127.0.0.1:7777"
     assert rows(tmp_path) == [

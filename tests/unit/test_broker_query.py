@@ -23,7 +23,7 @@ class Collector:
 
 
 def one(b: Broker, body: bytes, *, priority: int = DEFAULT_PRIORITY, delay: float = 0.0) -> Message:
-    (msg,) = b.publish("t", [body], priority=priority, delay=delay)
+    (msg,), _ = b.publish("t", [body], priority=priority, delay=delay)
     return msg
 
 
@@ -169,7 +169,7 @@ async def test_locate_in_a_backlog_and_across_topics() -> None:
         waiting = one(b, b"waiting")
         later = one(b, b"later", delay=30.0)
         g = b.group("u", "g")
-        (in_group,) = b.publish("u", [b"in group"])
+        (in_group,), _ = b.publish("u", [b"in group"])
         t = query.topic(b, "t")
         assert t is not None
         found = query.locate(t, later.id)

@@ -127,7 +127,7 @@ async def test_counters_of_a_deleted_group_or_topic_never_go_back() -> None:
         group = broker.group("jobs", "beanstalk")
         sink = Sink("beanstalk")
         consumer = group.attach(sink, 30.0)
-        (msg,) = broker.publish("jobs", [b"x"], origin="beanstalk 127.0.0.1:1")
+        (msg,), _ = broker.publish("jobs", [b"x"], origin="beanstalk 127.0.0.1:1")
         assert group.take(consumer) is msg
         group.finish(consumer, msg.id)
         group.detach(consumer, requeue=True)

@@ -71,16 +71,16 @@ class Remote:
 
     remote = True
 
-    def __init__(self, taps: object, weight: int = 1) -> None:
-        self.taps = taps
+    def __init__(self, weight: int = 1) -> None:
         self.weight = weight
         self.noted: list[bytes] = []
         self.sent: list[bytes] = []
 
-    def tap(self, message: Message, publisher: object | None) -> None:
-        if not self.noted or self.noted[-1] is not message.body:
-            self.taps.deferred.append(self)  # type: ignore[attr-defined]
+    def tap(self, message: Message, publisher: object | None) -> Remote | None:
+        # the first match of a message answers with itself: told once all taps saw it
+        first = not self.noted or self.noted[-1] is not message.body
         self.noted.append(message.body)
+        return self if first else None
 
     def tapped(self, message: Message) -> None:
         self.sent.append(message.body)
@@ -89,8 +89,8 @@ class Remote:
 async def test_queue_members_across_the_route_by_weight() -> None:
     broker = Broker(MemoryStore())
     local = Recorder()
-    far = Remote(broker.taps, weight=3)
-    idle = Remote(broker.taps, weight=0)
+    far = Remote(weight=3)
+    idle = Remote(weight=0)
     broker.taps.add("jobs", local, "w")
     broker.taps.add("jobs", far, "w")
     broker.taps.add("jobs", idle, "w")
@@ -107,7 +107,7 @@ async def test_routed_messages_stay_local() -> None:
     only when the route named its queue."""
     broker = Broker(MemoryStore())
     plain, member = Recorder(), Recorder()
-    far_plain, far_member = Remote(broker.taps), Remote(broker.taps)
+    far_plain, far_member = Remote(), Remote()
     broker.taps.add("s.*", plain)
     broker.taps.add("s.a", member, "w")
     broker.taps.add("s.>", far_plain)
@@ -124,7 +124,7 @@ async def test_a_remote_tap_sends_once_per_message() -> None:
     """A route with plain interest under two matching patterns and a queue member: one
     `tapped` per message, after it saw every match."""
     broker = Broker(MemoryStore())
-    route = Remote(broker.taps)
+    route = Remote()
     broker.taps.add("a.*", route)
     broker.taps.add("a.>", route)
     broker.publish("a.b", [b"1", b"2"], create=False)
@@ -135,12 +135,29 @@ async def test_a_remote_tap_sends_once_per_message() -> None:
 async def test_watch_hears_local_interest_only() -> None:
     broker = Broker(MemoryStore())
     heard: list[tuple[str, str | None, int]] = []
-    broker.taps.watch = lambda p, q, d: heard.append((p, q, d))
+    broker.watch_interest(lambda p, q, d: heard.append((p, q, d)), lambda t, g: None)
     a, b = Recorder(), Recorder()
     broker.taps.add("x", a)
     broker.taps.add("x", b, "q")
-    broker.taps.add("x", Remote(broker.taps))
+    broker.taps.add("x", Remote())
     broker.taps.remove("x", a)
     broker.taps.remove("x", a)  # not there: nothing to hear
     broker.taps.remove("x", b, "q")
     assert heard == [("x", None, 1), ("x", "q", 1), ("x", None, -1), ("x", "q", -1)]
+
+
+class Declining(Recorder):
+    def tap(self, message: Message, publisher: object | None) -> bool:
+        return False  # a subscriber whose own publisher's echo is off
+
+
+async def test_publish_returns_the_deliveries_taken() -> None:
+    """What a NATS request's no-responders check reads: deliveries taken, declines not."""
+    broker = Broker(MemoryStore())
+    assert broker.publish("s", [b"nobody"], create=False)[1] == 0
+    broker.subscribe("s", Declining())
+    assert broker.publish("s", [b"declined"], create=False)[1] == 0
+    broker.subscribe("s", Recorder())
+    broker.subscribe("s", Recorder(), "q")
+    broker.subscribe("s", Declining(), "q")
+    assert broker.publish("s", [b"a", b"b"], create=False)[1] == 4

@@ -219,7 +219,7 @@ class BeanstalkSession(TubeCommands):
             return bc.DRAINING
         server.ensure_tube(self.used)
         try:
-            (msg,) = server.broker.publish(
+            (msg,), _ = server.broker.publish(
                 self.used,
                 [event.body],
                 delay=float(event.delay),

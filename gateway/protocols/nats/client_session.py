@@ -347,10 +347,8 @@ class NATSClientSession:
         # a request nobody can serve gets a 503: no queue keeps its subject (as it was
         # before this publish) and no subscription takes it
         unserved = reply if reply and self.no_responders and not _kept(broker, subject) else None
-        if unserved:
-            broker.taps.reached = 0
         try:
-            broker.publish(
+            _, reached = broker.publish(
                 subject,
                 [payload],
                 headers=parse_headers(block) if block else None,
@@ -365,7 +363,7 @@ class NATSClientSession:
             # connection stays up (NATS publishes are at most once)
             self._error("Store Unavailable")
             return
-        if unserved and not broker.taps.reached:  # (its own sub with echo off: not reached)
+        if unserved and not reached:  # (its own sub with echo off: not reached)
             self._answer_no_responders(unserved)
 
     def _answer_no_responders(self, reply: str) -> None:
@@ -387,7 +385,7 @@ class NATSClientSession:
             return True  # nats-server keeps the subscription it has under that sid
         sub = Subscription(self, event.subject, event.queue, event.sid)
         self.subs[event.sid] = sub
-        self.server.broker.taps.add(event.subject, sub, event.queue)
+        self.server.broker.subscribe(event.subject, sub, event.queue)
         return True
 
     def _unsubscribe(self, event: ev.Unsub) -> None:
@@ -403,7 +401,7 @@ class NATSClientSession:
         sub.dropped = True
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
-            self.server.broker.taps.remove(sub.subject, sub, sub.queue)
+            self.server.broker.unsubscribe(sub.subject, sub, sub.queue)
 
     # -- delivery (called by the broker, synchronously) ---------------------------------
 

@@ -113,8 +113,7 @@ class Cluster:
         for topic in query.topics(broker):
             if query.has_groups(topic):
                 self._groups_changed(topic.name, True)
-        broker.on_groups = self._groups_changed
-        broker.taps.watch = self._change
+        broker.watch_interest(self._change, self._groups_changed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -55,8 +55,8 @@ class RouteQueueMember:
         self.queue = queue
         self.weight = weight
 
-    def tap(self, message: Message, publisher: object | None) -> None:
-        self.route.note(message, self.queue)
+    def tap(self, message: Message, publisher: object | None) -> RouteSession | None:
+        return self.route.note(message, self.queue)
 
 
 class RouteSession:
@@ -107,11 +107,11 @@ class RouteSession:
 
     def _closed(self) -> None:
         self.cluster.unregister(self)
-        taps = self.cluster.broker.taps
+        broker = self.cluster.broker
         for subject in self.plain:
-            taps.remove(subject, self)
+            broker.unsubscribe(subject, self)
         for (subject, queue), member in self.queues.items():
-            taps.remove(subject, member, queue)
+            broker.unsubscribe(subject, member, queue)
         self.plain.clear()
         self.queues.clear()
 
@@ -311,48 +311,56 @@ class RouteSession:
         subject = event.subject
         if event.account != ACCOUNT or not is_valid_subscription(subject):
             return  # other accounts are kept apart; the gateway serves $G only
-        taps = self.cluster.broker.taps
+        broker = self.cluster.broker
         queue = event.queue
         if queue is None:
             if subject not in self.plain:  # interest is a set, not a count
                 self.plain.add(subject)
-                taps.add(subject, self)
+                broker.subscribe(subject, self)
             return
         weight = event.weight or 0
         member = self.queues.get((subject, queue))
         if member is None:
             member = self.queues[(subject, queue)] = RouteQueueMember(self, queue, weight)
-            taps.add(subject, member, queue)
+            broker.subscribe(subject, member, queue)
         else:
             member.weight = weight  # a new weight comes as another RS+
 
     def _remote_unsub(self, event: ev.RemoteUnsub) -> None:
         if event.account != ACCOUNT:
             return
-        taps = self.cluster.broker.taps
+        broker = self.cluster.broker
         subject = event.subject
         if event.queue is None:
             if subject in self.plain:
                 self.plain.discard(subject)
-                taps.remove(subject, self)
+                broker.unsubscribe(subject, self)
             return
         member = self.queues.pop((subject, event.queue), None)
         if member is not None:
-            taps.remove(subject, member, event.queue)
+            broker.unsubscribe(subject, member, event.queue)
 
     # -- output: the broker's taps ------------------------------------------------------
 
-    def tap(self, message: Message, publisher: object | None) -> None:
+    def tap(self, message: Message, publisher: object | None) -> RouteSession | None:
         """Plain interest matched (maybe under several patterns: noted once)."""
-        self.note(message, None)
+        return self.note(message, None)
 
-    def note(self, message: Message, queue: str | None) -> None:
-        if self._noted is not message:
-            self._noted = message
-            self._noted_queues = []
-            self.cluster.broker.taps.deferred.append(self)
+    def note(self, message: Message, queue: str | None) -> RouteSession | None:
+        """Note a match; the first of a message answers the broker with this route, so
+        that `tapped` comes once every tap has seen it (one copy, naming every queue)."""
         if queue is not None:
-            self._noted_queues.append(queue)
+            if self._noted is message:
+                self._noted_queues.append(queue)
+                return None
+            self._noted = message
+            self._noted_queues = [queue]
+            return self
+        if self._noted is message:
+            return None
+        self._noted = message
+        self._noted_queues = []
+        return self
 
     def tapped(self, message: Message) -> None:
         """Every tap has seen the message: one copy for this route, naming its queues."""

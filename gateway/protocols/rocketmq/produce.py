@@ -181,7 +181,7 @@ class ProduceRequests:
         # the producer's queue choice must be known then, not recorded after.
         server.sending = (topic, self.origin, queue_id) if 0 <= queue_id < count else None
         try:
-            messages = server.broker.publish(
+            messages, _ = server.broker.publish(
                 topic,
                 bodies,
                 delay=self._delay(headers),

@@ -316,7 +316,7 @@ class RocketMQServer:
         admin page (and a kick) finds it. The group is made first, so it gets the message
         whatever other groups the topic has; one a reader of it took already is left to it."""
         dlq = self.broker.group(dlq_topic(group), group)
-        messages = self.broker.publish(dlq_topic(group), [body], headers=headers, origin=origin)
+        messages, _ = self.broker.publish(dlq_topic(group), [body], headers=headers, origin=origin)
         for msg in messages:
             # buried as it is, not delivered first: the archive shows no delivery
             dlq.bury_ready(msg.id)
