@@ -39,6 +39,17 @@ _SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
 _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
 
 
+class _Wait:
+    """One blocking reserve: the broker delivers later, from another task's call (a put,
+    a release, a timer), so the job it hands over reaches the waiting reserve here."""
+
+    __slots__ = ("arrived", "job")
+
+    def __init__(self) -> None:
+        self.arrived = trio.Event()
+        self.job: Message | None = None
+
+
 class BeanstalkSession(TubeCommands):
     """Every reply is made in the session's own task, so its connection needs no writer
     task: the batch's replies leave in one write at its end, and a client that does not
@@ -69,8 +80,7 @@ class BeanstalkSession(TubeCommands):
         self.is_producer = False
         self.is_worker = False
         self.waiting = False
-        self._got: Message | None = None
-        self._got_event = trio.Event()
+        self._wait: _Wait | None = None  # the blocking reserve under way, if any
         self._eof = False
         self._metrics = server.metrics
         self._origin = f"beanstalk {remote}"
@@ -246,8 +256,9 @@ class BeanstalkSession(TubeCommands):
             server.commands["reserve"] += 1
         self.is_worker = True
         now = trio.current_time()
-        if self._take_ready(now):
-            return self._reserved_reply()
+        taken = self._take_ready(now)
+        if taken is not None:
+            return bc.reserved(taken.id, taken.body)
         soon = self._deadline_soon_at()
         if soon <= now:
             return bc.DEADLINE_SOON
@@ -255,26 +266,26 @@ class BeanstalkSession(TubeCommands):
             return bc.TIMED_OUT
         await self.conn.flush()  # the client sees earlier replies while this one waits
         until = min(soon, now + timeout if timeout is not None else math.inf)
-        self._got = None
-        self._got_event = trio.Event()
+        wait = self._wait = _Wait()
         self.waiting = True
         try:
             for tube in self.watched:
                 consumer = self._consumer(tube)
-                consumer.set_ready(consumer.in_flight + 1)
-                if self._got is not None:
+                consumer.set_ready(consumer.in_flight + 1)  # may deliver at once
+                if wait.job is not None:
                     break
-            if self._got is None:
+            if wait.job is None:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_socket, nursery.cancel_scope)
                     with trio.move_on_at(until):
-                        await self._got_event.wait()
+                        await wait.arrived.wait()
                     nursery.cancel_scope.cancel()
         finally:
             self.waiting = False
+            self._wait = None
             self._close_windows()
-        if self._got is not None:
-            return self._reserved_reply()
+        if wait.job is not None:
+            return bc.reserved(wait.job.id, wait.job.body)
         if self._eof:
             return bc.TIMED_OUT  # half-closed while waiting: answer, then close
         if soon <= trio.current_time():
@@ -295,7 +306,7 @@ class BeanstalkSession(TubeCommands):
             self.codec.receive_data(data)
         await trio.sleep_forever()
 
-    def _take_ready(self, now: float) -> bool:
+    def _take_ready(self, now: float) -> Message | None:
         """Reserve the most urgent ready job over every watched, unpaused tube."""
         best: tuple[int, int] | None = None
         best_group: Group | None = None
@@ -308,10 +319,8 @@ class BeanstalkSession(TubeCommands):
             if best is None or key < best:
                 best, best_group = key, group
         if best_group is None:
-            return False
-        self._got = None
-        best_group.take(self._consumer(best_group.topic.name, best_group))
-        return self._got is not None
+            return None
+        return best_group.take(self._consumer(best_group.topic.name, best_group))
 
     def _deadline_soon_at(self) -> float:
         """When the first job this connection holds enters the safety margin."""
@@ -324,23 +333,20 @@ class BeanstalkSession(TubeCommands):
             soonest = min(soonest, entry.deadline - _SAFETY_MARGIN)
         return soonest
 
-    def _reserved_reply(self) -> bytes:
-        msg = self._got
-        assert msg is not None
-        self._got = None
-        return bc.reserved(msg.id, msg.body)
-
     def _close_windows(self) -> None:
         # 0, not in_flight: a later delete or release must not reopen a window
         for consumer in self.consumers.values():
             consumer.ready = 0
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
-        """Called by the broker: a job for this connection (a take, or a waiting reserve)."""
+        """Called by the broker: a job for this connection. A take or a reserve-job
+        has it as their call's value; a blocking reserve hears it through its _Wait."""
         self.reserved[message.id] = consumer
-        self._got = message
         self._close_windows()
-        self._got_event.set()
+        wait = self._wait
+        if wait is not None:
+            wait.job = message
+            wait.arrived.set()
         return True
 
     # -- jobs this connection holds ---------------------------------------------------
@@ -388,15 +394,14 @@ class BeanstalkSession(TubeCommands):
             group = self.server.group(found.message.topic, create=True)
         assert group is not None
         self.is_worker = True
-        self._got = None
         consumer = self._consumer(group.topic.name, group)
         if found.left is not None:  # a shared store keeps it: claimed there for us
-            await self.server.broker.take_stored(group, consumer, event.id)
+            taken = await self.server.broker.take_stored(group, consumer, event.id)
         else:
-            group.take_any(consumer, event.id)
-        if self._got is None:
+            taken = group.take_any(consumer, event.id)
+        if taken is None:
             return bc.NOT_FOUND
-        return self._reserved_reply()
+        return bc.reserved(taken.id, taken.body)
 
     # -- tubes -------------------------------------------------------------------------
 
