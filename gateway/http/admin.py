@@ -101,13 +101,13 @@ def state(gateway: Gateway) -> dict[str, Any]:
     }
     routes = [
         {
-            "server_id": route.remote_id,
-            "server_name": route.remote_info.get("server_name", ""),
-            "peer": route.peer,
-            "dialed": route.solicited,
-            "interest": len(route.plain) + len(route.queues),
+            "server_id": info.server_id,
+            "server_name": info.server_name,
+            "peer": info.peer,
+            "dialed": info.dialed,
+            "interest": info.interest,
         }
-        for route in gateway.cluster.routes.values()
+        for info in (route.route_info() for route in gateway.cluster.routes.values())
     ]
     return {
         "time": time.time(),

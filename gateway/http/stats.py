@@ -23,8 +23,8 @@ from typing import Any
 import trio
 
 from gateway.broker import Broker, Consumer, Group, Topic, query
+from gateway.clients import Client, ClientInfo
 from gateway.http.gocompat import go_duration
-from gateway.protocols.nsq.session import NSQSession
 
 VERSION = "1.3.0"  # the nsqd version the gateway answers as (clients only log it)
 # nsqd has no end-to-end latency percentiles unless configured: this is its empty result
@@ -91,96 +91,77 @@ def _channel(group: Group, topic_filter: str, include_clients: bool, now: float)
 
 
 def client_stats(consumer: Consumer, topic_filter: str = "") -> dict[str, Any]:
-    sink = consumer.sink
-    if isinstance(sink, NSQSession):
-        return nsq_client_stats(sink, topic_filter)
-    # another protocol's worker (beanstalkd): the same shape, with what it has
-    remote = str(getattr(sink, "remote", ""))
-    protocol = str(getattr(sink, "protocol", "unknown"))
-    return {
-        "client_id": remote.rsplit(":", 1)[0].strip("[]"),
-        "hostname": "",
-        "version": protocol,
-        "remote_address": remote,
-        "state": 3,  # subscribed
-        "ready_count": consumer.ready,
-        "in_flight_count": consumer.in_flight,
-        "message_count": 0,
-        "finish_count": 0,
-        "requeue_count": 0,
-        "connect_ts": 0,
-        "sample_rate": 0,
-        "deflate": False,
-        "snappy": False,
-        "user_agent": protocol,
-        **_tls(None),
-    }
+    """One consumer's clientV2 stats: its session's ClientInfo, its window from the
+    broker (a beanstalkd worker has a consumer per tube, each with its own)."""
+    info_of = getattr(consumer.sink, "client_info", None)
+    if info_of is None:  # a sink that is no session (a test's)
+        info = ClientInfo.worker(str(getattr(consumer.sink, "remote", "")), "unknown")
+    else:
+        info = info_of()
+    return _client(info, topic_filter, consumer.ready, consumer.in_flight)
 
 
-def nsq_client_stats(session: NSQSession, topic_filter: str = "") -> dict[str, Any]:
+def _client(info: ClientInfo, topic_filter: str, ready: int, in_flight: int) -> dict[str, Any]:
     """clientV2.Stats: ClientV2Stats's fields in their order; the omitempty ones only when
     set."""
-    consumer = session.consumer
     out: dict[str, Any] = {
-        "client_id": session.client_id,
-        "hostname": session.hostname,
-        "version": "V2",
-        "remote_address": session.remote,
-        "state": session.state,
-        "ready_count": consumer.ready if consumer is not None else 0,
-        "in_flight_count": consumer.in_flight if consumer is not None else 0,
-        "message_count": session.message_count,
-        "finish_count": session.finish_count,
-        "requeue_count": session.requeue_count,
-        "connect_ts": session.connect_ts,
-        "sample_rate": session.sample_rate,
-        "deflate": session.deflate,
-        "snappy": session.snappy,
-        "user_agent": session.user_agent,
+        "client_id": info.client_id,
+        "hostname": info.hostname,
+        "version": info.version,
+        "remote_address": info.remote_address,
+        "state": info.state,
+        "ready_count": ready,
+        "in_flight_count": in_flight,
+        "message_count": info.message_count,
+        "finish_count": info.finish_count,
+        "requeue_count": info.requeue_count,
+        "connect_ts": info.connect_ts,
+        "sample_rate": info.sample_rate,
+        "deflate": info.deflate,
+        "snappy": info.snappy,
+        "user_agent": info.user_agent,
     }
-    auth = session.auth_state
-    if auth is not None and auth.authorizations:
+    if info.authed:
         out["authed"] = True
-        if auth.identity:
-            out["auth_identity"] = auth.identity
-        if auth.identity_url:
-            out["auth_identity_url"] = auth.identity_url
-    for topic, count in session.pub_counts.items():
+        if info.auth_identity:
+            out["auth_identity"] = info.auth_identity
+        if info.auth_identity_url:
+            out["auth_identity_url"] = info.auth_identity_url
+    for topic, count in info.pub_counts:
         if topic_filter and topic != topic_filter:
             continue
         # nsqd 1.3.0 breaks out of this loop after the first topic: one entry at most
         out["pub_counts"] = [{"topic": topic, "count": count}]
         break
-    out.update(_tls(session.stream if session.tls else None))
+    tls = info.tls
+    if tls is None:
+        out.update(
+            tls=False,
+            tls_cipher_suite="",
+            tls_version="",
+            tls_negotiated_protocol="",
+            tls_negotiated_protocol_is_mutual=False,
+        )
+    else:
+        out.update(
+            tls=True,
+            tls_cipher_suite=tls.cipher_suite,
+            tls_version=tls.version,
+            tls_negotiated_protocol=tls.negotiated_protocol,
+            tls_negotiated_protocol_is_mutual=True,
+        )
     return out
 
 
-def _tls(stream: object) -> dict[str, Any]:
-    if not isinstance(stream, trio.SSLStream):
-        return {
-            "tls": False,
-            "tls_cipher_suite": "",
-            "tls_version": "",
-            "tls_negotiated_protocol": "",
-            "tls_negotiated_protocol_is_mutual": False,
-        }
-    cipher = stream.cipher()
-    version = stream.version() or ""
-    return {
-        "tls": True,
-        "tls_cipher_suite": cipher[0] if cipher else "",
-        "tls_version": version.replace("TLSv", "TLS"),  # Go writes TLS1.2, OpenSSL TLSv1.2
-        "tls_negotiated_protocol": stream.selected_alpn_protocol() or "",
-        "tls_negotiated_protocol_is_mutual": True,
-    }
-
-
-def producers(sessions: Iterable[NSQSession], topic_filter: str) -> list[dict[str, Any]] | None:
+def producers(sessions: Iterable[Client], topic_filter: str) -> list[dict[str, Any]] | None:
     """NSQ connections that have published at least once; None (JSON null) when none."""
     publishing = sorted(
-        (s for s in sessions if s.pub_counts), key=lambda s: (s.connect_ts, s.remote)
+        (info for info in (s.client_info() for s in sessions) if info.pub_counts),
+        key=lambda info: (info.connect_ts, info.remote_address),
     )
-    return [nsq_client_stats(s, topic_filter) for s in publishing] or None
+    return [
+        _client(info, topic_filter, info.ready_count, info.in_flight_count) for info in publishing
+    ] or None
 
 
 # -- memory: nsqd's Go runtime figures, with Python's nearest equivalents ----------------------

@@ -25,6 +25,7 @@ import trio
 
 from gateway.broker import Consumer, Group, query
 from gateway.broker.errors import StoreUnavailable
+from gateway.clients import ClientInfo
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
@@ -337,6 +338,10 @@ class BeanstalkSession(TubeCommands):
         # 0, not in_flight: a later delete or release must not reopen a window
         for consumer in self.consumers.values():
             consumer.ready = 0
+
+    def client_info(self) -> ClientInfo:
+        """What /stats shows of this worker (its windows are its consumers')."""
+        return ClientInfo.worker(self.remote, self.protocol)
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         """Called by the broker: a job for this connection. A take or a reserve-job

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway.broker.errors import StoreUnavailable
+from gateway.clients import RouteInfo
 from gateway.model import Message
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
@@ -99,6 +100,16 @@ class RouteSession:
 
     def __repr__(self) -> str:
         return f"<route {self.peer} {self.remote_id or '?'}>"
+
+    def route_info(self) -> RouteInfo:
+        """What the admin page shows of this route, as values."""
+        return RouteInfo(
+            server_id=self.remote_id,
+            server_name=self.remote_info.get("server_name", ""),
+            peer=self.peer,
+            dialed=self.solicited,
+            interest=len(self.plain) + len(self.queues),
+        )
 
     # -- life cycle -------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import trio
 
 from gateway.broker import Consumer, Group, Outcome
 from gateway.broker.errors import StoreUnavailable
+from gateway.clients import ClientInfo, TLSInfo
 from gateway.model import Message
 from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.auth import AuthFailed, AuthState
@@ -638,3 +639,32 @@ class NSQSession:
         """nsqd's client state numbers for /stats: 0 until SUB (nsqd never sets its
         "connected" 2 on a client), 3 subscribed, 4 closing."""
         return {State.INIT: 0, State.SUBSCRIBED: 3, State.CLOSING: 4}.get(self.codec.state, 1)
+
+    def client_info(self) -> ClientInfo:
+        """What /stats shows of this connection (clientV2 stats), as values."""
+        consumer = self.consumer
+        auth = self.auth_state
+        if auth is not None and not auth.authorizations:
+            auth = None  # nsqd shows authed fields once the auth server granted something
+        return ClientInfo(
+            client_id=self.client_id,
+            hostname=self.hostname,
+            version="V2",
+            remote_address=self.remote,
+            state=self.state,
+            ready_count=consumer.ready if consumer is not None else 0,
+            in_flight_count=consumer.in_flight if consumer is not None else 0,
+            message_count=self.message_count,
+            finish_count=self.finish_count,
+            requeue_count=self.requeue_count,
+            connect_ts=self.connect_ts,
+            sample_rate=self.sample_rate,
+            deflate=self.deflate,
+            snappy=self.snappy,
+            user_agent=self.user_agent,
+            tls=TLSInfo.of(self.stream) if self.tls else None,
+            authed=auth is not None,
+            auth_identity=auth.identity if auth is not None else "",
+            auth_identity_url=auth.identity_url if auth is not None else "",
+            pub_counts=tuple(self.pub_counts.items()),
+        )

@@ -27,6 +27,7 @@ from typing import Final
 import trio
 
 from gateway.broker import Consumer, Group, query
+from gateway.clients import ClientInfo
 from gateway.model import Message
 from gateway.protocols.rocketmq.mapping import (
     EVERYTHING,
@@ -127,6 +128,10 @@ class GroupFeed:
         return self.group.deleted or not self.consumer.attached
 
     # -- the broker's side --------------------------------------------------------------------
+
+    def client_info(self) -> ClientInfo:
+        """What /stats shows of this consumer group's feed."""
+        return ClientInfo.worker(self.remote, self.protocol)
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         if message.ttr:
