@@ -146,8 +146,3 @@ class Topic:
     @property
     def depth(self) -> int:
         return len(self.backlog) + self.stored_backlog
-
-    @property
-    def shared(self) -> bool:
-        """Other gateways may publish to this topic at any moment (a shared store)."""
-        return self.store_fans_out
