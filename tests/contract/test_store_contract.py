@@ -394,11 +394,13 @@ async def test_a_deep_queue_is_paged_through_a_bounded_window(pair: Pair) -> Non
         sink = Collector()
         c = g.attach(sink, 60)
         c.set_ready(3)
-        while len(sink.got) < 101:
-            for m in list(sink.got):
-                if m.id in g.in_flight:
-                    g.finish(c, m.id)
-            await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(10):
+            while len(sink.got) < 101:
+                seen = len(sink.got)
+                for m in list(sink.got):
+                    if m.id in g.in_flight:
+                        g.finish(c, m.id)
+                await sink.until(seen + 1)
         assert sink.bodies == [b"urgent"] + [b"%03d" % j for j in range(100)]
         assert g.depth == 0
         nursery.cancel_scope.cancel()
@@ -460,9 +462,7 @@ async def test_a_backlog_adopted_past_the_window_pages_in_before_any_flush(pair:
         sink = Collector()
         g.attach(sink, 60).set_ready(1000)
         with trio.fail_after(5):
-            while len(sink.got) < 300:
-                await trio.testing.wait_all_tasks_blocked()
-                await trio.sleep(0)
+            await sink.until(300)
         assert sink.bodies == [b"%03d" % i for i in range(300)]
         nursery.cancel_scope.cancel()
 

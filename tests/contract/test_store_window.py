@@ -1,8 +1,8 @@
-"""The memory window of a paging store (gateway/broker/window.py), over every store of the
-contract suite: past `memory_window` ready messages the rest stay on disk and are paged in
-as consumers drain the window. Each message must be in exactly one place, whatever order
-its priority puts it in: in memory, on disk only, in flight or deferred. (Over the memory
-store nothing pages, and these are plain broker tests.)"""
+"""The memory window of a paging store (LocalQueue, gateway/broker/queues.py), over every
+store of the contract suite: past `memory_window` ready messages the rest stay on disk and
+are paged in as consumers drain the window. Each message must be in exactly one place,
+whatever order its priority puts it in: in memory, on disk only, in flight or deferred.
+(Over the memory store nothing pages, and these are plain broker tests.)"""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ async def drain(g: object, sink: Collector, want: int) -> None:
     c.set_ready(7)
     with trio.move_on_after(5):
         while len(sink.got) < want:
+            seen = len(sink.got)
             for m in list(sink.got):
                 if m.id in g.in_flight:  # type: ignore[attr-defined]
                     g.finish(c, m.id)  # type: ignore[attr-defined]
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.sleep(0)
+            await sink.until(seen + 1)
     for m in list(sink.got):
         if m.id in g.in_flight:  # type: ignore[attr-defined]
             g.finish(c, m.id)  # type: ignore[attr-defined]

@@ -21,13 +21,23 @@ class Collector:
         self.got: list[Message] = []
         self.attempts: list[int] = []
         self.accept = True
+        self._more = trio.Event()
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         if not self.accept:
             return False
         self.got.append(message)
         self.attempts.append(message.attempts)
+        self._more.set()
         return True
+
+    async def until(self, count: int) -> None:
+        """Wait, without spinning, until `count` deliveries arrived. (A loop of
+        wait_all_tasks_blocked and sleep(0) keeps the GIL so busy that a store's worker
+        thread can wait seconds to take it back after a syscall.)"""
+        while len(self.got) < count:
+            self._more = trio.Event()
+            await self._more.wait()
 
     @property
     def bodies(self) -> list[bytes]:
