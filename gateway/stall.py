@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from gateway.tcp import Connection
+    from gateway.connection import Connection
 
 # nats-server's fast-producer stall (stallTotalAllowed): the most a publisher's reading
 # waits, per receive, for the subscribers it fed past their stall mark to drain.

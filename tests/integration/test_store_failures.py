@@ -141,7 +141,7 @@ def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
 
 async def test_nsq_batches_whose_commits_overlap_are_answered_in_order(tmp_path: Path) -> None:
     """A store whose flush waits: batches of publishes are read while earlier commits are
-    under way (the reply gate of tcp.Connection). Every publish is answered OK once
+    under way (the reply gate of connection.Connection). Every publish is answered OK once
     stored, in order, and a client that closes its sending side right after still gets
     every answer."""
     async with sqlite_gateway(tmp_path) as gw:

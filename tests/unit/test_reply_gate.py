@@ -1,4 +1,4 @@
-"""The connection shell's reply gate (tcp.Connection), driven over a socket pair with
+"""The connection shell's reply gate (connection.Connection), driven over a socket pair with
 commits the test settles: replies wait for their commit, leave in order however the
 commits settle, take their failure's bytes when it fails, and a `last` failure is the
 connection's last words."""
@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from gateway.broker.errors import StoreUnavailable
+from gateway.connection import Connection
 from gateway.metrics import Metrics
-from gateway.tcp import Connection
 
 
 class Commits:

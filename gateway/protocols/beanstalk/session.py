@@ -1,7 +1,7 @@
 """One beanstalkd connection: commands in order, one reply each, jobs from the broker.
 
 Commands are applied in order and their replies leave together after the batch, on the
-connection shell (tcp.Connection). A reply that the broker says must wait for its commit
+connection shell (connection.Connection). A reply that the broker says must wait for its commit
 (`Broker.owed`: a put's, and with a shared store any write's) waits in the shell's reply
 gate, and one store commit releases every such reply of the batch: as they are, or
 INTERNAL_ERROR for a write, beanstalkd's reply when its binlog write fails.
@@ -26,12 +26,12 @@ import trio
 from gateway.broker import Consumer, Group, query
 from gateway.broker.errors import StoreUnavailable
 from gateway.clients import ClientInfo
+from gateway.connection import Connection
 from gateway.model import Message
 from gateway.protocols.beanstalk import codec as bc
 from gateway.protocols.beanstalk import events as ev
 from gateway.protocols.beanstalk.commands import TubeCommands
 from gateway.protocols.beanstalk.server import DEFAULT_TUBE, BeanstalkServer
-from gateway.tcp import Connection
 
 log = logging.getLogger("gateway.beanstalk")
 

@@ -16,6 +16,7 @@ import trio
 
 from gateway.broker import Broker, query
 from gateway.broker.errors import StoreUnavailable
+from gateway.connection import Connection, HandshakeFailed
 from gateway.model import Message
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats import client_events as ev
@@ -24,7 +25,6 @@ from gateway.protocols.nats.permissions import Permissions, violation
 from gateway.protocols.nats.server import NATSServer
 from gateway.stall import Stall
 from gateway.subjects import is_valid_subject, is_valid_subscription, matches
-from gateway.tcp import Connection, HandshakeFailed
 
 # what _process tells the reader
 _DONE, _MORE, _CLOSE = object(), object(), object()
@@ -453,7 +453,7 @@ class NATSClientSession:
                 stall.add(self.conn)
 
     def _stall_mark(self) -> int:
-        """The output past which its publishers stall (tcp.Connection.stall_mark)."""
+        """The output past which its publishers stall (connection.Connection.stall_mark)."""
         buffered = self.conn.buffered
         if buffered.total > buffered.stall_at:
             # near the listener-wide bound: drained to 3/4 of its share, it stays

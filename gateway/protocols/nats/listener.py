@@ -11,12 +11,12 @@ import trio
 
 from gateway.addresses import parse_address
 from gateway.config_guard import NATSPermission, NATSPermissions
+from gateway.connection import Buffered
 from gateway.listeners import Listener, Service
 from gateway.protocols.nats.client_session import NATSClientSession
 from gateway.protocols.nats.cluster import Cluster
 from gateway.protocols.nats.permissions import Permissions
 from gateway.protocols.nats.server import NATSServer
-from gateway.tcp import Buffered
 from gateway.tls import server_ssl_context
 
 if TYPE_CHECKING:

@@ -27,12 +27,12 @@ import trio
 
 from gateway.broker.errors import StoreUnavailable
 from gateway.clients import RouteInfo
+from gateway.connection import Connection
 from gateway.model import Message
 from gateway.protocols.nats import route_codec as rc
 from gateway.protocols.nats import route_events as ev
 from gateway.protocols.nats.headers import encode_headers
 from gateway.subjects import is_valid_subscription
-from gateway.tcp import Connection
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.cluster import Cluster

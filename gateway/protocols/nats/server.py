@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.broker import Broker
+from gateway.connection import Buffered
 from gateway.metrics import Metrics
 from gateway.protocols.nats import client_codec as cc
 from gateway.protocols.nats.permissions import Permissions
-from gateway.tcp import Buffered
 
 if TYPE_CHECKING:
     from gateway.protocols.nats.client_session import NATSClientSession

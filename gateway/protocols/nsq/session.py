@@ -1,6 +1,6 @@
 """One NSQ TCP connection: reads commands, applies them to the broker, writes frames.
 
-Tasks per connection, on its connection shell (tcp.Connection): the reader (parse every
+Tasks per connection, on its connection shell (connection.Connection): the reader (parse every
 complete command of one receive, apply them all, and write the replies and the
 deliveries of the batch itself, in one write), the shell's writer (what other tasks
 queued during one scheduler pass, deliveries from other connections' publishes and
@@ -32,6 +32,7 @@ import trio
 from gateway.broker import Consumer, Group, Outcome
 from gateway.broker.errors import StoreUnavailable
 from gateway.clients import ClientInfo, TLSInfo
+from gateway.connection import Connection, HandshakeFailed
 from gateway.model import Message
 from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.auth import AuthFailed, AuthState
@@ -57,7 +58,7 @@ from gateway.protocols.nsq.negotiation import (
 )
 from gateway.protocols.nsq.server import NSQServer
 from gateway.stall import Stall
-from gateway.tcp import Connection, HandshakeFailed, try_read
+from gateway.tcp import try_read
 
 log = logging.getLogger("gateway.nsq")
 
@@ -172,7 +173,7 @@ class NSQSession:
     group_closed = close
 
     def report_bytes(self) -> None:
-        """The byte counters are batched (tcp.ByteCount): a scrape wants them now."""
+        """The byte counters are batched (connection.ByteCount): a scrape wants them now."""
         self.conn.report_bytes()
 
     async def _reader(self) -> None:

@@ -21,6 +21,7 @@ from functools import partial
 import trio
 
 from gateway.broker.errors import StoreUnavailable
+from gateway.connection import Connection
 from gateway.protocols.rocketmq import requests as rq
 from gateway.protocols.rocketmq.codec import (
     RemotingCodec,
@@ -35,7 +36,6 @@ from gateway.protocols.rocketmq.events import ProtocolError, Request
 from gateway.protocols.rocketmq.mapping import valid_topic
 from gateway.protocols.rocketmq.produce import ProduceRequests
 from gateway.protocols.rocketmq.server import RocketMQServer
-from gateway.tcp import Connection
 
 log = logging.getLogger("gateway.rocketmq")
 
