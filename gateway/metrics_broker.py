@@ -88,19 +88,20 @@ class BrokerCollector(Collector):
         series = 0
         for topic in topics:
             name = topic.name
-            backlog = query.backlog_depth(topic)
+            backlog = topic.backlog
             if backlog:
                 key = (name, "") if series < cap else (OVERFLOW, OVERFLOW)
                 series += key[0] != OVERFLOW
                 levels.setdefault(key, [0, 0, 0, 0, 0])[0] += backlog
-            for group in query.groups(topic, by_name=True):
+            for group in query.groups(broker, name, by_name=True):
                 key = (name, group.name) if series < cap else (OVERFLOW, OVERFLOW)
                 series += key[0] != OVERFLOW
                 level = levels.setdefault(key, [0, 0, 0, 0, 0])
-                level[0] += query.ready_count(group)
-                level[1] += query.reserved_count(group)
-                level[2] += query.delayed_count(group)
-                level[3] += query.buried_count(group)
+                c = group.counts
+                level[0] += c.ready
+                level[1] += c.reserved
+                level[2] += c.delayed
+                level[3] += c.buried
                 level[4] += len(group.consumers)
                 for protocol, counts in group.by_protocol.items():
                     total = sums.setdefault((protocol, *key), [0] * len(COUNTS))

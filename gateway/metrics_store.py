@@ -67,9 +67,9 @@ class StoreCollector(Collector):
         )
         in_memory = 0
         for topic in query.topics(self.broker):
-            in_memory += query.backlog_depth(topic)
-            for group in query.groups(topic):
-                c = query.counts(group)
+            in_memory += topic.backlog
+            for group in query.groups(self.broker, topic.name):
+                c = group.counts
                 in_memory += c.ready - c.spilled + c.delayed + c.reserved + c.buried
         messages = GaugeMetricFamily(
             "gateway_store_messages",

@@ -351,13 +351,19 @@ class Group:
             self._dispatch()
         return _OK
 
-    def touch(self, consumer: Consumer | None, msg_id: int, extend: float, cap: float) -> Outcome:
-        """Push the deadline to now + extend, never past delivery + cap (NSQ max_msg_timeout)."""
+    def touch(
+        self, consumer: Consumer | None, msg_id: int, extend: float | None, cap: float
+    ) -> Outcome:
+        """Push the deadline to now + extend, never past delivery + cap (NSQ
+        max_msg_timeout). `extend` None: the message's own ttr, else the consumer's
+        timeout (beanstalkd's touch)."""
         entry = self._owned(consumer, msg_id)
         if entry.__class__ is Outcome:
             return entry  # type: ignore[return-value]
         assert isinstance(entry, InFlight)
         now = trio.current_time()
+        if extend is None:
+            extend = entry.message.ttr or entry.consumer.timeout
         entry.deadline = min(now + extend, entry.delivered_at + cap)
         self.recorder.touched(entry.message, entry.deadline)
         self._deadlines.add(entry)

@@ -4,31 +4,37 @@ Sessions, the HTTP layer and metrics ask here instead of reading a group's conta
 (`ready`, `deferred`, `in_flight`, `buried`) or a topic's `backlog`: those are the
 storage side's to reshape (a memory window over a disk queue, a Redis-backed queue) and
 only this module and the broker itself may know their layout. Nothing here changes
-anything; mutations stay calls on Broker, Topic and Group.
+anything, and what comes back is a value (frozen views, copies of messages): a caller
+that acts holds a handle it got for acting (`Broker.topic`, `Topic.group`, its own
+consumer's group), and the mutations are calls on those.
 
 A *view* is what a reader looks at on a topic: one of its groups, or the topic itself
 when its messages wait in the backlog for a first group (beanstalkd shows a tube in that
 state with ready and delayed jobs).
 
 Counts include what a durable store keeps past a group's memory window (its queue's
-`spilled`, ready messages only); peeks and lists look at memory, whose window holds the most urgent
-messages, so what they show is what would be delivered next.
+`spilled`, ready messages only); peeks and lists look at memory, whose window holds the
+most urgent messages, so what they show is what would be delivered next.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Final, Literal, cast
 
 import trio
 
-from gateway.broker.group import Group, InFlight
+from gateway.broker.group import Group
 from gateway.broker.journal import from_wall
+from gateway.broker.members import Consumer
 from gateway.broker.topic import Topic
+from gateway.clients import ClientInfo
 from gateway.model import DEFAULT_PRIORITY, Message
 
 if TYPE_CHECKING:
@@ -70,19 +76,15 @@ NO_COUNTS: Final = Counts(0, 0, 0, 0, 0, 0)
 
 @dataclass(frozen=True, slots=True)
 class Located:
-    """Where a message is: its state, and the group holding it (None: the topic backlog)."""
+    """Where a message is, as found: its state, a copy of it, the names of its topic and
+    group (None: the topic backlog), and the seconds to its deadline or due time."""
 
     state: State
     message: Message
-    topic: Topic
-    group: Group | None
-    # seconds to the deadline or due time, as a shared store (Redis) had it when the
-    # message was found there (None: found here, the broker's own clock tells)
-    left: float | None = None
-
-    @property
-    def view(self) -> View:
-        return self.group if self.group is not None else self.topic
+    topic: str
+    group: str | None
+    left: float
+    stored: bool = False  # found in a shared store (Redis), not in this gateway's memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,86 +95,151 @@ class ConsumerInfo:
     address: str  # the peer's "host:port" ("" when the sink has none)
     in_flight: int
     ready: int  # the window: NSQ's RDY; beanstalkd: in_flight + 1 while a reserve waits
+    client: ClientInfo | None  # the session's figures (asked for with clients=True)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One group's figures at the moment it was asked."""
+
+    topic: str
+    name: str
+    counts: Counts
+    paused: bool  # by an operator, or a beanstalkd pause-tube still running
+    pause_left: float  # seconds a beanstalkd pause-tube still holds (0: none)
+    pause_length: int  # seconds that pause was set for
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    timeout_count: int
+    by_protocol: dict[str, tuple[int, ...]]  # consumer protocol -> stats.COUNTS
+    consumers: tuple[ConsumerInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """One topic's figures at the moment it was asked."""
+
+    name: str
+    paused: bool
+    shared: bool  # other gateways publish to it (a store they share decides the fan-out)
+    backlog: int  # messages waiting for a first group, due or not (nsqd's topic depth)
+    message_count: int
+    message_bytes: int
+    published_by: dict[str, int]  # publisher protocol -> messages
+    groups: tuple[str, ...]  # in creation order
 
 
 # -- topics and groups ---------------------------------------------------------------------
 
 
-def topic(broker: Broker, name: str) -> Topic | None:
-    """The topic `name` if it exists (never creates one: that is `Broker.topic`)."""
-    return broker.topics.get(name)
-
-
-def topics(broker: Broker, *, by_name: bool = False) -> list[Topic]:
-    """Every topic, in creation order (beanstalkd's list-tubes order) or sorted by name."""
-    if by_name:
-        return sorted(broker.topics.values(), key=_name)
-    return list(broker.topics.values())
-
-
 def topic_names(broker: Broker, *, by_name: bool = False) -> list[str]:
+    """Every topic's name, in creation order (beanstalkd's list-tubes order) or sorted."""
     names = list(broker.topics)
     return sorted(names) if by_name else names
 
 
-def group(t: Topic, name: str) -> Group | None:
-    """The group `name` of topic `t` if it exists (never creates one: `Topic.group`)."""
-    return t.groups.get(name)
+def group_names(broker: Broker, topic: str, *, by_name: bool = False) -> list[str]:
+    t = broker.topics.get(topic)
+    names = list(t.groups) if t is not None else []
+    return sorted(names) if by_name else names
 
 
-def groups(t: Topic, *, by_name: bool = False) -> list[Group]:
-    if by_name:
-        return sorted(t.groups.values(), key=_name)
-    return list(t.groups.values())
+def has_groups(broker: Broker, topic: str) -> bool:
+    """True when the topic exists and hands its messages to groups (else they wait in its
+    backlog)."""
+    t = broker.topics.get(topic)
+    return t is not None and bool(t.groups)
 
 
-def consumers(g: Group) -> list[ConsumerInfo]:
-    """The group's consumers, in the order they joined."""
-    return [
-        ConsumerInfo(
-            getattr(c.sink, "protocol", "other"),
-            getattr(c.sink, "remote", ""),
-            c.in_flight,
-            c.ready,
-        )
-        for c in g.consumers
-    ]
+def topic(broker: Broker, name: str) -> TopicView | None:
+    """The topic `name` if it exists (never creates one: that is `Broker.topic`)."""
+    t = broker.topics.get(name)
+    if t is None:
+        return None
+    return TopicView(
+        t.name,
+        t.paused,
+        t.store_fans_out,
+        t.depth,
+        t.message_count,
+        t.message_bytes,
+        dict(t.published_by),
+        tuple(t.groups),
+    )
 
 
-def has_groups(t: Topic) -> bool:
-    """True when the topic hands its messages to groups (else they wait in the backlog)."""
-    return bool(t.groups)
+def topics(broker: Broker, *, by_name: bool = False) -> list[TopicView]:
+    return [v for v in map(partial(topic, broker), topic_names(broker, by_name=by_name)) if v]
 
 
-def _name(item: Topic | Group) -> str:
-    return item.name
+def group(
+    broker: Broker, topic: str, name: str, *, clients: bool = False, now: float | None = None
+) -> GroupView | None:
+    """The group `name` of `topic` if it exists (never creates one: `Topic.group`); with
+    `clients`, each consumer's session figures too (its ClientInfo)."""
+    t = broker.topics.get(topic)
+    g = t.groups.get(name) if t is not None else None
+    if g is None:
+        return None
+    if now is None:
+        now = trio.current_time()
+    timed = g.pause_until > now
+    return GroupView(
+        topic,
+        g.name,
+        counts(g),
+        g.is_paused(now),
+        g.pause_until - now if timed else 0.0,
+        g.pause_length if timed else 0,
+        g.message_count,
+        g.finish_count,
+        g.requeue_count,
+        g.timeout_count,
+        {protocol: tuple(c) for protocol, c in g.by_protocol.items()},
+        tuple(_consumer(c, clients) for c in g.consumers),
+    )
+
+
+def groups(
+    broker: Broker, topic: str, *, by_name: bool = False, clients: bool = False
+) -> list[GroupView]:
+    now = trio.current_time()
+    names = group_names(broker, topic, by_name=by_name)
+    return [v for n in names if (v := group(broker, topic, n, clients=clients, now=now))]
+
+
+def _consumer(c: Consumer, clients: bool) -> ConsumerInfo:
+    sink = c.sink
+    info_of = getattr(sink, "client_info", None) if clients else None
+    return ConsumerInfo(
+        getattr(sink, "protocol", "other"),
+        getattr(sink, "remote", ""),
+        c.in_flight,
+        c.ready,
+        info_of() if info_of is not None else None,
+    )
 
 
 # -- counts --------------------------------------------------------------------------------
 
 
-def ready_count(g: Group) -> int:
-    return g.depth
-
-
-def spilled_count(g: Group) -> int:
-    return g.queue.spilled
-
-
-def delayed_count(g: Group) -> int:
-    return len(g.deferred) + g.queue.stored_delayed
-
-
-def reserved_count(g: Group) -> int:
-    return len(g.in_flight)
-
-
-def buried_count(g: Group) -> int:
-    return len(g.buried) + g.queue.stored_buried
-
-
-def urgent_count(g: Group) -> int:
-    return g.ready.count_below(URGENT_BELOW)
+def counts(view: View, now: float | None = None) -> Counts:
+    """Every state's count for a group, or for a topic backlog (ready and delayed only,
+    split by deliver_at against `now`, the current time unless given)."""
+    if isinstance(view, Group):
+        q = view.queue
+        return Counts(
+            view.depth,
+            len(view.deferred) + q.stored_delayed,
+            len(view.in_flight),
+            len(view.buried) + q.stored_buried,
+            view.ready.count_below(URGENT_BELOW),
+            q.spilled,
+        )
+    ready, delayed = _split_backlog(view, now)
+    urgent = sum(1 for m in ready if m.priority < URGENT_BELOW)
+    return Counts(len(ready), len(delayed), 0, 0, urgent, 0)
 
 
 def holds_messages(g: Group) -> bool:
@@ -183,53 +250,33 @@ def holds_messages(g: Group) -> bool:
     )
 
 
-def backlog_depth(t: Topic) -> int:
-    """Messages waiting in the topic backlog, due or not (nsqd's topic depth)."""
-    return t.depth
+def retired_counts(broker: Broker) -> dict[tuple[str, str], dict[str, tuple[int, ...]]]:
+    """Per (topic, group) of deleted groups, per consumer protocol, their last counts
+    (stats.COUNTS order): a metrics counter continues from them; ("", "") sums the rest."""
+    return {k: {p: tuple(c) for p, c in v.items()} for k, v in broker.retired_counts.items()}
 
 
-def counts(view: View, now: float | None = None) -> Counts:
-    """Every state's count for a group, or for a topic backlog (ready and delayed only,
-    split by deliver_at against `now`, the current time unless given)."""
-    if isinstance(view, Group):
-        return Counts(
-            ready_count(view),
-            delayed_count(view),
-            reserved_count(view),
-            buried_count(view),
-            urgent_count(view),
-            spilled_count(view),
-        )
-    ready, delayed = split_backlog(view, now)
-    urgent = sum(1 for m in ready if m.priority < URGENT_BELOW)
-    return Counts(len(ready), len(delayed), 0, 0, urgent, 0)
+def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
+    """Per deleted topic, per publisher protocol, the messages it had been published."""
+    return {name: dict(v) for name, v in broker.retired_published.items()}
 
 
 # -- the backlog: the one ready/delayed selection ----------------------------------------------
 
 
-def _due(msg: Message, now: float) -> bool:
-    # deliver_at is on the broker's (Trio) clock; 0.0 means "now"
-    return msg.deliver_at <= now
-
-
-def split_backlog(t: Topic, now: float | None = None) -> tuple[list[Message], list[Message]]:
-    """The backlog as (ready, delayed), each in publish order."""
+def _split_backlog(t: Topic, now: float | None = None) -> tuple[list[Message], list[Message]]:
+    """The backlog as (ready, delayed), each in publish order (deliver_at is on the
+    broker's Trio clock; 0.0 means now)."""
     if now is None:
         now = trio.current_time()
     ready: list[Message] = []
     delayed: list[Message] = []
     for msg in t.backlog:
-        (ready if _due(msg, now) else delayed).append(msg)
+        (ready if msg.deliver_at <= now else delayed).append(msg)
     return ready, delayed
 
 
-def backlog_state(msg: Message, now: float | None = None) -> State:
-    """The state of a message waiting in a backlog."""
-    return "ready" if _due(msg, trio.current_time() if now is None else now) else "delayed"
-
-
-# -- peeks -----------------------------------------------------------------------------------
+# -- peeks and lists -------------------------------------------------------------------------
 
 
 def _urgency(msg: Message) -> tuple[int, int]:
@@ -240,48 +287,42 @@ def _due_order(msg: Message) -> tuple[float, int]:
     return msg.deliver_at, msg.id
 
 
-def peek_ready(view: View, now: float | None = None) -> Message | None:
-    """The ready message delivered next: lowest (priority, id)."""
-    if isinstance(view, Group):
-        return view.ready.peek()
-    ready, _ = split_backlog(view, now)
-    return min(ready, key=_urgency, default=None)
+def ready_head(g: Group) -> tuple[int, int] | None:
+    """(priority, id) of the ready message delivered next: what a beanstalkd reserve
+    over several tubes compares, asked per tube and per reserve, so no copy is made."""
+    head = g.ready.peek()
+    return (head.priority, head.id) if head is not None else None
 
 
-def peek_delayed(view: View, now: float | None = None) -> Message | None:
-    """The delayed message due first: lowest (deliver_at, id)."""
-    if isinstance(view, Group):
-        return view.deferred[0][2] if view.deferred else None
-    _, delayed = split_backlog(view, now)
-    return min(delayed, key=_due_order, default=None)
+def _first_here(view: View, state: State, limit: int) -> list[Message]:
+    """Up to `limit` messages of a view in `state`, in the order they leave it, from
+    memory (a window holds the most urgent)."""
+    if not isinstance(view, Group):
+        if state == "buried":
+            return []
+        ready, delayed = _split_backlog(view)
+        if state == "ready":
+            return heapq.nsmallest(limit, ready, key=_urgency)
+        return heapq.nsmallest(limit, delayed, key=_due_order)
+    if state == "ready":
+        if limit == 1:  # a peek: the head, without a pass over the queue
+            head = view.ready.peek()
+            return [head] if head is not None else []
+        return heapq.nsmallest(limit, view.ready, key=_urgency)
+    if state == "delayed":
+        # heap entries are (deliver_at, id, msg); ids are unique, so msg is never compared
+        return [entry[2] for entry in heapq.nsmallest(limit, view.deferred)]
+    msgs = list(islice(view.buried.values(), max(0, limit)))
+    head = view.queue.stored_buried_head  # a shared store's, as last refreshed
+    return msgs if msgs or head is None else [head]
 
 
-def peek_buried(view: View) -> Message | None:
-    """The oldest buried message (the one a kick takes first); a backlog buries none."""
-    if isinstance(view, Group) and view.buried:
-        return next(iter(view.buried.values()))
-    if isinstance(view, Group) and view.queue.stored_buried_head is not None:
-        return view.queue.stored_buried_head  # a shared store's, as last refreshed
-    return None
-
-
-# -- lists (the admin page) ------------------------------------------------------------------
-
-
-def first_ready(g: Group, limit: int) -> list[Message]:
-    """Up to `limit` ready messages in delivery order (lowest (priority, id) first)."""
-    return heapq.nsmallest(limit, g.ready, key=_urgency)
-
-
-def first_delayed(g: Group, limit: int) -> list[Message]:
-    """Up to `limit` delayed messages, the soonest due first."""
-    # heap entries are (deliver_at, id, msg); ids are unique, so msg is never compared
-    return [entry[2] for entry in heapq.nsmallest(limit, g.deferred)]
-
-
-def first_buried(g: Group, limit: int) -> list[Message]:
-    """Up to `limit` buried messages, oldest burial first."""
-    return list(islice(g.buried.values(), max(0, limit)))
+def _copy(msg: Message) -> Message:
+    """A value: what a reader gets of a message, which the broker may change after."""
+    got = copy.copy(msg)
+    if msg.stats is not None:
+        got.stats = copy.copy(msg.stats)
+    return got
 
 
 # -- one message -----------------------------------------------------------------------------
@@ -289,14 +330,25 @@ def first_buried(g: Group, limit: int) -> list[Message]:
 
 def locate(view: View, msg_id: int, now: float | None = None) -> Located | None:
     """Where message `msg_id` is in a group (any state) or in a topic backlog."""
+    if now is None:
+        now = trio.current_time()
     if isinstance(view, Group):
         found = view.find(msg_id)
         if found is None:
             return None
-        return Located(cast(State, found[0]), found[1], view.topic, view)
+        state, msg = cast(State, found[0]), found[1]
+        left = 0.0
+        if state == "reserved":
+            left = view.in_flight[msg_id].deadline - now
+        elif state == "delayed":
+            left = msg.deliver_at - now
+        return Located(state, _copy(msg), view.topic.name, view.name, max(0.0, left))
     for msg in view.backlog:
         if msg.id == msg_id:
-            return Located(backlog_state(msg, now), msg, view, None)
+            delayed = msg.deliver_at > now
+            left = msg.deliver_at - now if delayed else 0.0
+            state: State = "delayed" if delayed else "ready"
+            return Located(state, _copy(msg), view.name, None, left)
     return None
 
 
@@ -314,37 +366,11 @@ def locate_in(
     return None
 
 
-def reservation(g: Group, msg_id: int) -> InFlight | None:
-    """The delivery holding `msg_id` in flight (its consumer and deadline), if any."""
-    return g.in_flight.get(msg_id)
-
-
-def time_left(found: Located, now: float | None = None) -> float:
-    """Seconds until a reserved message's deadline or a delayed one's due time; 0 for the
-    other states and for a time already past."""
-    if found.left is not None:
-        return found.left
-    if now is None:
-        now = trio.current_time()
-    if found.state == "reserved" and found.group is not None:
-        entry = found.group.in_flight.get(found.message.id)
-        left = entry.deadline - now if entry is not None else 0.0
-    elif found.state == "delayed":
-        left = found.message.deliver_at - now
-    else:
-        left = 0.0
-    return max(0.0, left)
-
-
-def retired_counts(broker: Broker) -> dict[tuple[str, str], dict[str, list[int]]]:
-    """Per (topic, group) of deleted groups, per consumer protocol, their last counts
-    (stats.COUNTS order): a metrics counter continues from them; ("", "") sums the rest."""
-    return broker.retired_counts
-
-
-def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
-    """Per deleted topic, per publisher protocol, the messages it had been published."""
-    return broker.retired_published
+def deadline(g: Group, msg_id: int, consumer: Consumer) -> float | None:
+    """The deadline of `msg_id` if `consumer` holds it, else None. A float, not a view:
+    each beanstalkd command on a held job and each message of a RocketMQ pull asks."""
+    entry = g.in_flight.get(msg_id)
+    return entry.deadline if entry is not None and entry.consumer is consumer else None
 
 
 # -- a shared store (Redis): what other gateways hold, defer or bury -------------------
@@ -355,11 +381,6 @@ def retired_published(broker: Broker) -> dict[str, dict[str, int]]:
 # memory like the functions above, so a caller needs no second path.
 
 
-def shared(broker: Broker) -> bool:
-    """True when the queues are in a store several gateways share (Redis)."""
-    return broker.journal.fans_out
-
-
 def _stored(view: View) -> tuple[str, str] | None:
     """(topic, group) in a shared store for a view ("" is the topic backlog), or None."""
     if isinstance(view, Group):
@@ -367,14 +388,14 @@ def _stored(view: View) -> tuple[str, str] | None:
     return (view.name, "") if view.store_fans_out and not view.groups else None
 
 
-def _located(found: Found, t: Topic, g: Group | None) -> Located:
+def _located(found: Found, topic: str, group: str | None) -> Located:
     msg = found.message
     left = 0.0
     if found.state in ("reserved", "delayed") and found.at > 0:
         left = max(0.0, found.at - time.time())
         if found.state == "delayed":
             msg.deliver_at = from_wall(found.at)
-    return Located(cast(State, found.state), msg, t, g, left)
+    return Located(cast(State, found.state), msg, topic, group, left, stored=True)
 
 
 async def find_in(broker: Broker, view: View, msg_id: int) -> Located | None:
@@ -384,10 +405,7 @@ async def find_in(broker: Broker, view: View, msg_id: int) -> Located | None:
     if found is not None or where is None:
         return found
     hit = await broker.journal.find([(where[0], [where[1]])], msg_id)
-    if hit is None:
-        return None
-    t = view.topic if isinstance(view, Group) else view
-    return _located(hit, t, view if isinstance(view, Group) else None)
+    return _located(hit, where[0], where[1] or None) if hit is not None else None
 
 
 async def find(
@@ -395,22 +413,16 @@ async def find(
 ) -> Located | None:
     """`locate_in`, then the shared store: one round trip over every topic's view."""
     found = locate_in(broker, msg_id, view_of)
-    if found is not None or not shared(broker):
+    if found is not None or not broker.journal.fans_out:
         return found
-    views: dict[str, View] = {}
-    where: list[tuple[str, list[str]]] = []
+    where: dict[str, list[str]] = {}
     for t in broker.topics.values():
         view = view_of(t)
         stored = _stored(view) if view is not None else None
-        if view is not None and stored is not None:
-            views[t.name] = view
-            where.append((stored[0], [stored[1]]))
-    hit = await broker.journal.find(where, msg_id) if where else None
-    if hit is None:
-        return None
-    view = views[hit.topic]
-    t = view.topic if isinstance(view, Group) else view
-    return _located(hit, t, view if isinstance(view, Group) else None)
+        if stored is not None:
+            where[stored[0]] = [stored[1]]
+    hit = await broker.journal.find(list(where.items()), msg_id) if where else None
+    return _located(hit, hit.topic, where[hit.topic][0] or None) if hit is not None else None
 
 
 async def first(broker: Broker, view: View, state: State, limit: int) -> list[Message]:
@@ -418,29 +430,18 @@ async def first(broker: Broker, view: View, state: State, limit: int) -> list[Me
     they leave it: the peeks and the admin page's lists, shared store included."""
     where = _stored(view)
     if where is None:
-        if state == "ready":
-            if isinstance(view, Group):
-                return first_ready(view, limit)
-            return heapq.nsmallest(limit, split_backlog(view)[0], key=_urgency)
-        if state == "delayed":
-            if isinstance(view, Group):
-                return first_delayed(view, limit)
-            return heapq.nsmallest(limit, split_backlog(view)[1], key=_due_order)
-        return first_buried(view, limit) if isinstance(view, Group) else []
+        return [_copy(m) for m in _first_here(view, state, limit)]
     found = await broker.journal.peek(where[0], where[1], state, limit)
-    msgs = [_located(f, broker.topics[where[0]], None).message for f in found]
+    msgs = [_located(f, where[0], None).message for f in found]
     if state == "ready" and isinstance(view, Group) and view.ready:
         # claimed here and not delivered yet: still ready, and maybe the most urgent
-        msgs = heapq.nsmallest(limit, [*msgs, *first_ready(view, limit)], key=_urgency)
+        here = [_copy(m) for m in _first_here(view, "ready", limit)]
+        msgs = heapq.nsmallest(limit, [*msgs, *here], key=_urgency)
     return msgs
 
 
 async def peek(broker: Broker, view: View, state: State) -> Message | None:
     """The message of a view that leaves `state` next (beanstalkd peek-ready,
     peek-delayed, peek-buried), shared store included."""
-    if _stored(view) is None:  # the heads, without a pass over the queues
-        if state == "ready":
-            return peek_ready(view)
-        return peek_delayed(view) if state == "delayed" else peek_buried(view)
     got = await first(broker, view, state, 1)
     return got[0] if got else None

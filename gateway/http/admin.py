@@ -21,8 +21,6 @@ from collections import Counter
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from gateway.broker import Group, Topic, query
 from gateway.broker.stats import COUNTS
 from gateway.http.gocompat import go_json
@@ -48,16 +46,17 @@ def _json(value: Any, status: int = 200) -> Response:
     return Response(status, go_json(value), _JSON, [("cache-control", "no-store")])
 
 
-def _group_state(group: Group, now: float) -> dict[str, Any]:
-    clients = query.consumers(group)
+def _group_state(group: query.GroupView) -> dict[str, Any]:
+    clients = group.consumers
     consumers = Counter(c.protocol for c in clients)
+    counts = group.counts
     return {
         "name": group.name,
-        "depth": query.ready_count(group),
-        "in_flight": query.reserved_count(group),
-        "deferred": query.delayed_count(group),
-        "buried": query.buried_count(group),
-        "paused": group.is_paused(now),
+        "depth": counts.ready,
+        "in_flight": counts.reserved,
+        "deferred": counts.delayed,
+        "buried": counts.buried,
+        "paused": group.paused,
         "message_count": group.message_count,
         "finish_count": group.finish_count,
         "requeue_count": group.requeue_count,
@@ -81,17 +80,17 @@ def _group_state(group: Group, now: float) -> dict[str, Any]:
 
 def state(gateway: Gateway) -> dict[str, Any]:
     broker = gateway.broker
-    now = trio.current_time()
     topics = []
     for topic in query.topics(broker, by_name=True):
+        groups = query.groups(broker, topic.name, by_name=True)
         topics.append(
             {
                 "name": topic.name,
                 "paused": topic.paused,
-                "backlog": query.backlog_depth(topic),
+                "backlog": topic.backlog,
                 "message_count": topic.message_count,
                 "published": dict(sorted(topic.published_by.items())),
-                "groups": [_group_state(g, now) for g in query.groups(topic, by_name=True)],
+                "groups": [_group_state(g) for g in groups],
             }
         )
     connections = {
@@ -145,7 +144,7 @@ def _whole_message(found: query.Located) -> dict[str, Any]:
         "attempts": msg.attempts,
         "priority": msg.priority,
         "age": max(0.0, time.time() - msg.timestamp / 1e9),
-        "time_left": query.time_left(found),
+        "time_left": found.left,
         "size": len(msg.body),
         "headers": msg.headers or [],
         "origin": msg.origin,
@@ -164,13 +163,13 @@ def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
     name = request.arg("topic")
     if not name:
         raise HTTPError(400, "MISSING_ARG_TOPIC")
-    topic = query.topic(gateway.broker, name)
+    topic = gateway.broker.topic(name, create=False)
     if topic is None:
         raise HTTPError(404, "TOPIC_NOT_FOUND")
     group_name = request.arg("group")
     if group_name is None:
         return topic, None
-    group = query.group(topic, group_name)
+    group = topic.group(group_name, create=False)
     if group is None:
         raise HTTPError(404, "GROUP_NOT_FOUND")
     return topic, group

@@ -35,10 +35,9 @@ class LookupdAPI:
         return [name for name in query.topic_names(self.broker, by_name=True) if _nsq_name(name)]
 
     def _channels(self, topic: str) -> list[str]:
-        t = query.topic(self.broker, topic)
-        if t is None or not _nsq_name(topic):
+        if not _nsq_name(topic):
             return []
-        return [g.name for g in query.groups(t, by_name=True) if _nsq_name(g.name)]
+        return [g for g in query.group_names(self.broker, topic, by_name=True) if _nsq_name(g)]
 
     def _producer(self) -> dict[str, Any]:
         """PeerInfo of the gateway's nsqd. remote_address is where nsqd's registration

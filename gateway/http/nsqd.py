@@ -13,7 +13,6 @@ import re
 import struct
 from typing import TYPE_CHECKING, Any
 
-from gateway.broker import query
 from gateway.http import stats
 from gateway.http.router import (
     HTTPError,
@@ -105,7 +104,7 @@ class NSQDAPI:
         return name
 
     def _existing_topic(self, name: str) -> Topic:
-        topic = query.topic(self.broker, name)
+        topic = self.broker.topic(name, create=False)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic
@@ -240,7 +239,7 @@ class NSQDAPI:
 
     async def channel_empty(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
-        group = query.group(topic, channel)
+        group = topic.group(channel, create=False)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         group.empty()
@@ -248,7 +247,7 @@ class NSQDAPI:
 
     async def channel_pause(self, request: Request) -> Response:
         topic, channel = self._topic_and_channel(request)
-        group = query.group(topic, channel)
+        group = topic.group(channel, create=False)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         if request.path.endswith("unpause"):

@@ -20,9 +20,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-import trio
-
-from gateway.broker import Broker, Consumer, Group, Topic, query
+from gateway.broker import Broker, query
 from gateway.clients import Client, ClientInfo
 from gateway.http.gocompat import go_duration
 
@@ -43,26 +41,25 @@ def topic_stats(
         topics = [topic]
     else:
         topics = query.topics(broker, by_name=True)
-    now = trio.current_time()
     out = []
     for topic in topics:
         if channel_name:
-            group = query.group(topic, channel_name)
+            group = query.group(broker, topic.name, channel_name, clients=include_clients)
             if group is None:
                 continue
             groups = [group]
         else:
-            groups = query.groups(topic, by_name=True)
-        channels = [_channel(g, topic_name, include_clients, now) for g in groups]
+            groups = query.groups(broker, topic.name, by_name=True, clients=include_clients)
+        channels = [_channel(g, topic_name, include_clients) for g in groups]
         out.append(_topic(topic, channels))
     return out
 
 
-def _topic(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]:
+def _topic(topic: query.TopicView, channels: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "topic_name": topic.name,
         "channels": channels,
-        "depth": query.backlog_depth(topic),
+        "depth": topic.backlog,
         "backend_depth": 0,  # a topic's backlog is never spilled to disk
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
@@ -71,33 +68,32 @@ def _topic(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _channel(group: Group, topic_filter: str, include_clients: bool, now: float) -> dict[str, Any]:
+def _channel(group: query.GroupView, topic_filter: str, include_clients: bool) -> dict[str, Any]:
     clients = [client_stats(c, topic_filter) for c in group.consumers] if include_clients else None
+    counts = group.counts
     return {
         "channel_name": group.name,
         # nsqd: depth is memory plus disk, backend_depth the part on disk
-        "depth": query.ready_count(group),
-        "backend_depth": query.spilled_count(group),
-        "in_flight_count": query.reserved_count(group),
-        "deferred_count": query.delayed_count(group),
+        "depth": counts.ready,
+        "backend_depth": counts.spilled,
+        "in_flight_count": counts.reserved,
+        "deferred_count": counts.delayed,
         "message_count": group.message_count,
         "requeue_count": group.requeue_count,
         "timeout_count": group.timeout_count,
         "client_count": len(group.consumers),
         "clients": clients,
-        "paused": group.is_paused(now),
+        "paused": group.paused,
         "e2e_processing_latency": _NO_E2E,
     }
 
 
-def client_stats(consumer: Consumer, topic_filter: str = "") -> dict[str, Any]:
+def client_stats(consumer: query.ConsumerInfo, topic_filter: str = "") -> dict[str, Any]:
     """One consumer's clientV2 stats: its session's ClientInfo, its window from the
     broker (a beanstalkd worker has a consumer per tube, each with its own)."""
-    info_of = getattr(consumer.sink, "client_info", None)
-    if info_of is None:  # a sink that is no session (a test's)
-        info = ClientInfo.worker(str(getattr(consumer.sink, "remote", "")), "unknown")
-    else:
-        info = info_of()
+    info = consumer.client
+    if info is None:  # a sink that is no session (a test's)
+        info = ClientInfo.worker(consumer.address, "unknown")
     return _client(info, topic_filter, consumer.ready, consumer.in_flight)
 
 

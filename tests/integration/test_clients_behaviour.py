@@ -36,7 +36,8 @@ async def test_publish_then_consume(client: str, store: str, tmp_path: Path) -> 
     """PUB and MPUB (pipelined) then a consumer with max_in_flight 10: 3000 bodies, among them
     newline/CRLF/NUL-laden ones and two of ~1 MiB, each delivered once, byte for byte. Also
     on the durable store (the default), whose commits overlap the next batch's reading
-    (connection.Connection's reply gate): every OK still comes in order, after its publish is stored."""
+    (the reply gate of connection.Connection): every OK still comes in order, after its
+    publish is stored."""
     n = 3000
     bodies = corpus.make_bodies(n, seed=1, big=2)
     path = h.write_corpus(tmp_path, bodies)

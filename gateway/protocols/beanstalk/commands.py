@@ -60,10 +60,7 @@ class TubeCommands:
         consumer = self._held(event.id)
         if consumer is None:
             return bc.NOT_FOUND
-        entry = query.reservation(consumer.group, event.id)
-        assert entry is not None  # _held saw it
-        ttr = entry.message.ttr or consumer.timeout
-        consumer.group.touch(consumer, event.id, ttr, math.inf)
+        consumer.group.touch(consumer, event.id, None, math.inf)  # by the job's own ttr
         return bc.TOUCHED
 
     def _done_with(self, consumer: Consumer) -> None:
@@ -82,11 +79,10 @@ class TubeCommands:
         may be ready, deferred or buried there, where another gateway left it."""
         server = self.server
         found = await server.find_shared_job(event.id)
-        if found is None or found.state == "reserved" or found.left is None:
+        if found is None or found.state == "reserved" or not found.stored:
             return bc.NOT_FOUND  # gone, held by a worker, or here and no longer deletable
-        group = found.group
-        if group is None:  # in the backlog: the tube's new group adopts the backlog
-            group = server.group(found.message.topic, create=True)
+        # in the backlog (no group): the tube's new group adopts the backlog
+        group = server.group(found.topic, create=True)
         if group is None or not await server.broker.delete_stored(group, event.id):
             return bc.NOT_FOUND
         tube = group.topic.name
@@ -148,7 +144,7 @@ class TubeCommands:
     def _pause_tube(self, event: ev.PauseTube) -> bytes:
         server = self.server
         server.commands["pause-tube"] += 1  # counted first, as beanstalkd does
-        if query.topic(server.broker, event.tube) is None:
+        if server.broker.topic(event.tube, create=False) is None:
             return bc.NOT_FOUND
         server.tube_pauses[event.tube] += 1
         group = server.group(event.tube, create=True)
@@ -194,12 +190,11 @@ class TubeCommands:
         found = await self.server.find_shared_job(event.id)
         if found is None or found.state not in ("buried", "delayed"):
             return bc.NOT_FOUND
-        group = found.group
-        if group is None:  # in the backlog: the tube's new group adopts the backlog
-            group = self.server.group(found.message.topic, create=True)
+        # in the backlog (no group): the tube's new group adopts the backlog
+        group = self.server.group(found.topic, create=True)
         if group is None:
             return bc.NOT_FOUND
-        if found.left is not None:  # found in a shared store: kicked there
+        if found.stored:  # found in a shared store: kicked there
             group.kick_stored(found.message, buried=found.state == "buried")  # committed
         elif not group.kick_message(event.id):
             return bc.NOT_FOUND
@@ -217,7 +212,7 @@ class TubeCommands:
     def _stats_tube(self, event: ev.StatsTube) -> bytes:
         server = self.server
         server.commands["stats-tube"] += 1
-        if query.topic(server.broker, event.tube) is None:
+        if server.broker.topic(event.tube, create=False) is None:
             return bc.NOT_FOUND
         return bc.ok_yaml(
             bc.yaml_dict(stats.stats_tube(server, event.tube, server.view(event.tube)))

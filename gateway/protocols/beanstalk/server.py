@@ -62,7 +62,7 @@ class BeanstalkServer:
     # -- tubes ------------------------------------------------------------------
 
     def ensure_tube(self, tube: str) -> Topic:
-        topic = query.topic(self.broker, tube)
+        topic = self.broker.topic(tube, create=False)
         if topic is None:
             topic = self.broker.topic(tube)
             assert topic is not None
@@ -77,8 +77,8 @@ class BeanstalkServer:
         topic = self.broker.topic(tube, create=create)
         if topic is None:
             return None
-        group = query.group(topic, self.group_name)
-        if group is None and create and not query.has_groups(topic):
+        group = topic.group(self.group_name, create=False)
+        if group is None and create and not topic.groups:
             group = topic.group(self.group_name)
         return group
 
@@ -93,14 +93,14 @@ class BeanstalkServer:
     def view(self, tube: str) -> Group | Topic | None:
         """What beanstalkd clients see of a tube: its group, or the backlog of a topic
         that has no group yet; None for a topic read only by other groups."""
-        topic = query.topic(self.broker, tube)
+        topic = self.broker.topic(tube, create=False)
         return self._view_of(topic) if topic is not None else None
 
     def _view_of(self, topic: Topic) -> Group | Topic | None:
-        group = query.group(topic, self.group_name)
+        group = topic.group(self.group_name, create=False)
         if group is not None:
             return group
-        return topic if not query.has_groups(topic) else None
+        return topic if not topic.groups else None
 
     def tube_names(self) -> list[str]:
         return [name for name in query.topic_names(self.broker) if _beanstalk_name(name)]
@@ -109,12 +109,12 @@ class BeanstalkServer:
         """A connection stopped using or watching `tube`: delete it if nothing holds it."""
         if tube == DEFAULT_TUBE or self.using[tube] or self.watching[tube]:
             return
-        topic = query.topic(self.broker, tube)
+        topic = self.broker.topic(tube, create=False)
         if topic is None or topic.store_fans_out:
             # other gateways publish to it (a store they share): their workers may use
             # the tube, and jobs may reach it from there at any moment: it stays
             return
-        group = query.group(topic, self.group_name)
+        group = topic.group(self.group_name, create=False)
         if group is not None:
             if group.consumers or query.holds_messages(group):
                 return
@@ -123,11 +123,7 @@ class BeanstalkServer:
                 # an NSQ consumer used: nsqd keeps a channel its consumers left
                 return
             topic.delete_group(self.group_name)
-        if (
-            not query.has_groups(topic)
-            and not query.backlog_depth(topic)
-            and query.topic(self.broker, tube) is not None
-        ):
+        if not topic.groups and not topic.depth and not topic.deleted:
             self.broker.delete_topic(tube)
             self.tube_deletes.pop(tube, None)
             self.tube_pauses.pop(tube, None)

@@ -313,10 +313,9 @@ class BeanstalkSession(TubeCommands):
         best_group: Group | None = None
         for tube in self.watched:
             group = self._consumer(tube).group
-            head = query.peek_ready(group)
-            if head is None or group.is_paused(now):
+            key = query.ready_head(group)
+            if key is None or group.is_paused(now):
                 continue
-            key = (head.priority, head.id)
             if best is None or key < best:
                 best, best_group = key, group
         if best_group is None:
@@ -327,11 +326,11 @@ class BeanstalkSession(TubeCommands):
         """When the first job this connection holds enters the safety margin."""
         soonest = math.inf
         for job_id, consumer in list(self.reserved.items()):
-            entry = query.reservation(consumer.group, job_id)
-            if entry is None or entry.consumer is not consumer:
+            deadline = query.deadline(consumer.group, job_id, consumer)
+            if deadline is None:
                 del self.reserved[job_id]  # timed out (and maybe reserved by another)
                 continue
-            soonest = min(soonest, entry.deadline - _SAFETY_MARGIN)
+            soonest = min(soonest, deadline - _SAFETY_MARGIN)
         return soonest
 
     def _close_windows(self) -> None:
@@ -360,8 +359,7 @@ class BeanstalkSession(TubeCommands):
         consumer = self.reserved.get(job_id)
         if consumer is None:
             return None
-        entry = query.reservation(consumer.group, job_id)
-        if entry is None or entry.consumer is not consumer:
+        if query.deadline(consumer.group, job_id, consumer) is None:
             del self.reserved[job_id]
             return None
         return consumer
@@ -381,11 +379,12 @@ class BeanstalkSession(TubeCommands):
         found = server.find_job(event.id)
         if found is None or found.state == "reserved":
             return bc.NOT_FOUND
-        if found.group is not None:
-            found.group.delete(event.id)
-        else:
-            found.topic.delete_backlog(event.id)
-        tube = found.message.topic
+        view = server.view(found.topic)
+        if isinstance(view, Group):
+            view.delete(event.id)
+        elif view is not None:
+            view.delete_backlog(event.id)
+        tube = found.topic
         server.tube_deletes[tube] += 1
         server.release_tube(tube)
         return bc.DELETED
@@ -394,13 +393,12 @@ class BeanstalkSession(TubeCommands):
         found = await self.server.find_shared_job(event.id)
         if found is None or found.state == "reserved":
             return bc.NOT_FOUND
-        group = found.group
-        if group is None:  # in the backlog: the tube's new group adopts the backlog
-            group = self.server.group(found.message.topic, create=True)
+        # in the backlog (no group): the tube's new group adopts the backlog
+        group = self.server.group(found.topic, create=True)
         assert group is not None
         self.is_worker = True
         consumer = self._consumer(group.topic.name, group)
-        if found.left is not None:  # a shared store keeps it: claimed there for us
+        if found.stored:  # a shared store keeps it: claimed there for us
             taken = await self.server.broker.take_stored(group, consumer, event.id)
         else:
             taken = group.take_any(consumer, event.id)

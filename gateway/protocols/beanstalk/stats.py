@@ -33,9 +33,10 @@ def stats_tube(server: BeanstalkServer, tube: str, view: Group | Topic | None) -
     now = trio.current_time()
     counts = query.counts(view, now) if view is not None else query.NO_COUNTS
     topic = query.topic(server.broker, tube)
+    group = query.group(server.broker, tube, server.group_name, now=now)  # if view is one
     waiting = sum(1 for s in server.sessions if s.waiting and tube in s.watched)
-    paused = view.pause_length if isinstance(view, Group) and view.pause_until > now else 0
-    left = int(view.pause_until - now) if paused and isinstance(view, Group) else 0
+    paused = group.pause_length if group is not None else 0
+    left = int(group.pause_left) if group is not None and paused else 0
     return [
         ("name", quoted(tube)),
         *_job_counts(counts),
@@ -61,7 +62,7 @@ def stats_job(found: query.Located, default_ttr: int) -> Pairs:
         ("age", max(0, (time.time_ns() - msg.timestamp) // 1_000_000_000)),
         ("delay", js.delay if js else 0),
         ("ttr", int(msg.ttr) or default_ttr),  # a message from NSQ has none: workers get this
-        ("time-left", int(query.time_left(found))),
+        ("time-left", int(found.left)),
         ("file", 0),
         ("reserves", msg.attempts),
         ("timeouts", js.timeouts if js else 0),

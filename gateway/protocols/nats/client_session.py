@@ -14,7 +14,7 @@ import logging
 
 import trio
 
-from gateway.broker import Broker, query
+from gateway.broker import query
 from gateway.broker.errors import StoreUnavailable
 from gateway.connection import Connection, HandshakeFailed
 from gateway.model import Message
@@ -36,12 +36,6 @@ _NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
 # nats-server's firstClientPingInterval: the first PING to a client comes this soon (or at
 # ping_interval, if shorter), then every ping_interval.
 _FIRST_PING = 2.0
-
-
-def _kept(broker: Broker, subject: str) -> bool:
-    """Whether a queue keeps what is published to `subject` (its topic has groups)."""
-    topic = query.topic(broker, subject)
-    return topic is not None and query.has_groups(topic)
 
 
 class Subscription:
@@ -346,7 +340,8 @@ class NATSClientSession:
         broker = self.server.broker
         # a request nobody can serve gets a 503: no queue keeps its subject (as it was
         # before this publish) and no subscription takes it
-        unserved = reply if reply and self.no_responders and not _kept(broker, subject) else None
+        served = not reply or not self.no_responders or query.has_groups(broker, subject)
+        unserved = None if served else reply
         try:
             _, reached = broker.publish(
                 subject,

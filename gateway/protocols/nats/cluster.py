@@ -110,9 +110,9 @@ class Cluster:
         for pattern in self._import_list:
             self._imports.add(pattern, pattern)
             self._change(pattern, None, 1)
-        for topic in query.topics(broker):
-            if query.has_groups(topic):
-                self._groups_changed(topic.name, True)
+        for topic in query.topic_names(broker):
+            if query.has_groups(broker, topic):
+                self._groups_changed(topic, True)
         broker.watch_interest(self._change, self._groups_changed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
