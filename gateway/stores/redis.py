@@ -29,6 +29,7 @@ import trio
 
 from gateway.model import Message
 from gateway.stores.base import (
+    Found,
     GroupCounts,
     Key,
     SharedStore,
@@ -79,7 +80,7 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-class RedisStore(SharedReads, SharedStore):
+class RedisStore(SharedStore):
     durable = True
     pages = True
     allocates_ids = True
@@ -89,6 +90,7 @@ class RedisStore(SharedReads, SharedStore):
         self.shares = target.shared
         self.where = f"Redis at {target.address}"
         self.link = RedisLink(target, wait=wait)
+        self.reads = SharedReads(self.link, flush=self.flush)
         # a name of its own (whose claims are whose, whose puts were applied): random
         # bits, not the process's, which twin containers may share
         self.owner = f"{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
@@ -461,6 +463,21 @@ class RedisStore(SharedReads, SharedStore):
         nxt, expired, flat = await self._write(op)
         return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
+    async def claim_id(self, topic: str, group: str, msg_id: int, lease: float) -> Message | None:
+        """Shared: claim one particular message for a delivery here (beanstalkd
+        reserve-job), whatever its state, unless another gateway holds it. Its attempt is
+        counted."""
+        op = (
+            "gw_claim_id",
+            topic_key(topic),
+            [group, hex_id(msg_id), _ms(time.time()), _ms(lease), self.owner],
+        )
+        flat = await self._write(op)  # after everything recorded before, like `claim`
+        if not flat:
+            return None
+        (msg,) = unpack_flat(topic, flat)
+        return msg
+
     async def counts(self, topics: Sequence[tuple[str, Sequence[str]]]) -> list[list[GroupCounts]]:
         """Shared: for each (topic, groups), per group (ready, deferred, claimed, buried,
         the oldest buried message) as Redis has them; one pipeline for all topics."""
@@ -487,6 +504,20 @@ class RedisStore(SharedReads, SharedStore):
             self._notify(topic)  # with the next pipeline: the others claim them
             self._wake.set()
         return count, kicked
+
+    # single messages, queue heads and the registry: redis_reads.py
+
+    async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
+        return await self.reads.find(where, msg_id)
+
+    async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
+        return await self.reads.peek(topic, group, state, limit)
+
+    async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
+        return await self.reads.registry()
+
+    async def holding(self, topics: Sequence[str]) -> set[str]:
+        return await self.reads.holding(topics)
 
     @property
     def healthy(self) -> bool:

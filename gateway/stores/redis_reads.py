@@ -1,29 +1,27 @@
 """What the shared Redis store answers about single messages and queue heads, for the
-broker's query API (beanstalkd peek, stats-job, kick-job, reserve-job and peek-*, the
-admin page's lists) when the message may be held, deferred or buried by another gateway;
-and the registry of topics and groups every gateway shares (the broker's refresh).
+broker's query API (beanstalkd peek, stats-job, kick-job and peek-*, the admin page's
+lists) when the message may be held, deferred or buried by another gateway; and the
+registry of topics and groups every gateway shares (the broker's refresh).
 
-A mixin of RedisStore: every read first flushes what this gateway recorded, so that it
-sees its own changes, then asks Redis in one round trip (gw_find, gw_peek in
-redis_lua_claims.py). A claim of one particular message rides the ordered write path,
-like every claim.
+RedisStore owns one and hands it the connection and its own flush: every read of a
+message first flushes what this gateway recorded, so that it sees its own changes, then
+asks Redis in one round trip (gw_find, gw_peek in redis_lua_claims.py). Claims, even of
+one particular message, are writes: they stay in RedisStore, on the ordered write path.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.model import Message
-from gateway.stores.base import Found, StoreError
+from gateway.stores.base import Found
 from gateway.stores.redis_codec import TOPICS_KEY, hex_id, topic_key, unpack_flat
+from gateway.stores.redis_link import RedisLink
 
 
 class SharedReads:
-    link: Any
-    owner: str
-    where: str
+    def __init__(self, link: RedisLink, *, flush: Callable[[], Awaitable[None]]) -> None:
+        self.link = link
+        self.flush = flush  # the store's: a read sees what this gateway recorded before it
 
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         """Every topic, its pause, and its groups with theirs (the broker's refresh)."""
@@ -45,12 +43,6 @@ class SharedReads:
         yet published to since: its publish made it anew)."""
         replies = await self.link.pipeline([("exists", topic_key(t) + "m", []) for t in topics])
         return {t for t, n in zip(topics, replies, strict=True) if n}
-
-    async def flush(self) -> None:
-        raise NotImplementedError
-
-    async def _write(self, read: Any = None) -> Any:
-        raise NotImplementedError
 
     async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
         """Message `msg_id` in the first of `where`'s (topic, groups) that holds it."""
@@ -77,24 +69,9 @@ class SharedReads:
             out.append(Found(topic, group, state, float(flat[i + 4]) / 1000.0, "", msg))
         return out
 
-    async def claim_id(self, topic: str, group: str, msg_id: int, lease: float) -> Message | None:
-        """Claim one particular message for a delivery here (beanstalkd reserve-job),
-        whatever its state, unless another gateway holds it. Its attempt is counted."""
-        now = int(time.time() * 1000)
-        op = (
-            "gw_claim_id",
-            topic_key(topic),
-            [group, hex_id(msg_id), now, int(lease * 1000), self.owner],
-        )
-        flat = await self._write(op)
-        if not flat:
-            return None
-        (msg,) = unpack_flat(topic, flat)
-        return msg
-
 
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-__all__ = ["Found", "SharedReads", "StoreError"]
+__all__ = ["SharedReads"]
