@@ -165,10 +165,7 @@ class Broker:
             self._timer_changed = trio.Event()
 
     def ack_latency_for(self, protocol: str) -> Histogram:
-        histogram = self.ack_latency.get(protocol)
-        if histogram is None:
-            histogram = self.ack_latency[protocol] = Histogram()
-        return histogram
+        return self.ack_latency.setdefault(protocol, Histogram())
 
     def schedule(self, group: Group, when: float) -> None:
         """Ask for `group.on_timer` at `when` (only ever moves a group's wake-up earlier)."""
@@ -226,7 +223,7 @@ class Broker:
             for group in topic.groups.values():
                 if group.ephemeral:
                     continue
-                group.return_all_in_flight()
+                group.return_in_flight()
                 group.queue.closing()
                 ready += len(group.ready) + group.queue.spilled
                 deferred += len(group.deferred)

@@ -102,7 +102,6 @@ class SharedQueue(Queue):
         """Kicked in the store, whichever gateway buried or deferred them."""
         group = self.group
         kicked, which = await self.journal.kick(group, bound)
-        group.kick_count += kicked
         if group.archive is not None:
             for msg in which:
                 group.archive.record(events.KICKED, msg, group.name)
@@ -118,7 +117,6 @@ class SharedQueue(Queue):
         """Ready again in the store, for any gateway, if it is still buried (deferred)
         there."""
         group = self.group
-        group.kick_count += 1
         msg.deliver_at = 0.0
         self.journal.changed(group, msg, expect="b" if buried else "d")
         if group.archive is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from heapq import heapify, heappop, heappush
+from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -73,8 +74,6 @@ class Group:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.bury_count = 0
-        self.kick_count = 0
         self.by_protocol: dict[str, list[int]] = {}  # consumer protocol -> stats.COUNTS
 
     # -- putting messages in -------------------------------------------------
@@ -113,18 +112,11 @@ class Group:
     # Deliveries and acknowledgements are counted once, per consumer protocol (the hot
     # paths bump one list item); the group's totals are summed when someone asks.
     @property
-    def delivered_count(self) -> int:
-        return sum(counts[DELIVERED] for counts in self.by_protocol.values())
-
-    @property
     def finish_count(self) -> int:
         return sum(counts[ACKNOWLEDGED] for counts in self.by_protocol.values())
 
     def counts_for(self, protocol: str) -> list[int]:
-        counts = self.by_protocol.get(protocol)
-        if counts is None:
-            counts = self.by_protocol[protocol] = stats.new_counts()
-        return counts
+        return self.by_protocol.setdefault(protocol, [0] * len(stats.COUNTS))
 
     def attach(self, sink: Sink, timeout: float) -> Consumer:
         consumer = Consumer(self, sink, timeout)
@@ -236,15 +228,12 @@ class Group:
             if not deliver(entry.message, c):
                 self._finish(entry)
 
-    def take(self, consumer: Consumer, msg: Message | None = None) -> Message | None:
-        """Hand the most urgent ready message (or `msg`) to `consumer` at once, whatever its
-        window: the pull path (beanstalkd reserve picks across tubes itself)."""
-        if msg is None:
-            if not self.ready:
-                return None
-            msg = self.ready.pop()
-        elif not self.ready.remove(msg):
+    def take(self, consumer: Consumer) -> Message | None:
+        """Hand the most urgent ready message to `consumer` at once, whatever its window:
+        the pull path (beanstalkd reserve picks across tubes itself)."""
+        if not self.ready:
             return None
+        msg = self.ready.pop()
         self._deliver(consumer, msg, self._now())
         self.queue.refill(False)
         return msg
@@ -330,9 +319,8 @@ class Group:
     ) -> Outcome:
         """Give a message back (NSQ REQ, beanstalkd release) to be retried after `delay` s."""
         entry = self._owned(consumer, msg_id)
-        if entry.__class__ is Outcome:
-            return entry  # type: ignore[return-value]
-        assert isinstance(entry, InFlight)
+        if not isinstance(entry, InFlight):
+            return entry
         msg = entry.message
         del self.in_flight[msg.id]
         self.requeue_count += 1
@@ -358,9 +346,8 @@ class Group:
         max_msg_timeout). `extend` None: the message's own ttr, else the consumer's
         timeout (beanstalkd's touch)."""
         entry = self._owned(consumer, msg_id)
-        if entry.__class__ is Outcome:
-            return entry  # type: ignore[return-value]
-        assert isinstance(entry, InFlight)
+        if not isinstance(entry, InFlight):
+            return entry
         now = trio.current_time()
         if extend is None:
             extend = entry.message.ttr or entry.consumer.timeout
@@ -373,9 +360,8 @@ class Group:
 
     def bury(self, consumer: Consumer | None, msg_id: int, priority: int | None = None) -> Outcome:
         entry = self._owned(consumer, msg_id)
-        if entry.__class__ is Outcome:
-            return entry  # type: ignore[return-value]
-        assert isinstance(entry, InFlight)
+        if not isinstance(entry, InFlight):
+            return entry
         del self.in_flight[msg_id]
         was = entry.message.priority
         if priority is not None:
@@ -389,7 +375,6 @@ class Group:
     # `sink`: the consumer's that buried it (none when past max_attempts)
     def _bury(self, msg: Message, priority_was: int | None = None, sink: object = None) -> None:
         msg.deliver_at = 0.0
-        self.bury_count += 1
         msg.job_stats().buries += 1
         if self.archive is not None:
             self.archive.record(events.BURIED, msg, self.name, sink)
@@ -476,49 +461,39 @@ class Group:
         self.consumers.clear()
         self._waiting.clear()
 
-    def return_in_flight(self, consumer: Consumer) -> None:
-        """Everything `consumer` holds is ready again at once, counting no requeue or
-        timeout (beanstalkd, when a connection closes)."""
-        if not consumer.in_flight:
+    def return_in_flight(self, consumer: Consumer | None = None) -> None:
+        """Everything `consumer` holds (None: every delivery, a clean stop) is ready again
+        at once, counting no requeue or timeout (beanstalkd, when a connection closes)."""
+        if consumer is not None and not consumer.in_flight:
             return
-        owned = [e for e in self.in_flight.values() if e.consumer is consumer]
+        in_flight = self.in_flight
+        owned = [e for e in in_flight.values() if consumer is None or e.consumer is consumer]
         now = trio.current_time()
         for entry in owned:
-            del self.in_flight[entry.message.id]
+            del in_flight[entry.message.id]
+            entry.consumer.in_flight -= 1
             self._return(entry.message, 0.0, now)
-        consumer.in_flight = 0
-        self._deadlines.trim(self.in_flight)
+        self._deadlines.trim(in_flight)
         self._dispatch()
 
-    def return_all_in_flight(self) -> None:
-        """A clean stop: every delivery is ready again (as a consumer leaving beanstalkd
-        would), counting no requeue or timeout."""
-        for consumer in {entry.consumer for entry in self.in_flight.values()}:
-            self.return_in_flight(consumer)
-
-    def _unqueue(self, msg_id: int) -> Message | None:
-        """Take a message that is not in flight out of its queue (ready, deferred, buried)."""
+    def _unqueue(
+        self, msg_id: int, states: tuple[str, ...] = ("ready", "delayed", "buried")
+    ) -> Message | None:
+        """Take a message that is not in flight out of its queue, if it is in one of
+        `states`."""
         found = self.find(msg_id)
-        if found is None or found[0] == "reserved":
+        if found is None or found[0] not in states:
             return None
         state, msg = found
         if state == "buried":
             del self.buried[msg_id]
         elif state == "delayed":
-            self._undefer(msg_id)
+            deferred = self.deferred
+            deferred.remove(next(entry for entry in deferred if entry[1] == msg_id))
+            heapify(deferred)
         else:
             self.ready.remove(msg)
         return msg
-
-    def _undefer(self, msg_id: int) -> Message | None:
-        deferred = self.deferred
-        for i, entry in enumerate(deferred):
-            if entry[1] == msg_id:
-                deferred[i] = deferred[-1]
-                deferred.pop()
-                heapify(deferred)
-                return entry[2]
-        return None
 
     # -- dead letters ----------------------------------------------------------
 
@@ -533,27 +508,21 @@ class Group:
     def kick(self, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first; if none is buried,
         deferred ones are made ready now. Returns how many were kicked."""
-        kicked = 0
         if self.buried:
-            while self.buried and kicked < bound:
-                msg_id = next(iter(self.buried))
-                self._ready_now(self.buried.pop(msg_id))
-                kicked += 1
+            kicked = [self.buried.pop(i) for i in list(islice(self.buried, max(bound, 0)))]
         else:
-            while self.deferred and kicked < bound:
-                msg = heappop(self.deferred)[2]
-                self._ready_now(msg)
-                kicked += 1
+            kicked = [heappop(self.deferred)[2] for _ in range(min(bound, len(self.deferred)))]
+        for msg in kicked:
+            self._ready_now(msg)
         self._dispatch()
-        return kicked
+        return len(kicked)
 
     def kick_message(self, msg_id: int) -> bool:
-        msg = self.buried.pop(msg_id, None) or self._undefer(msg_id)
-        if msg is None:
-            return False
-        self._ready_now(msg)
-        self._dispatch()
-        return True
+        msg = self._unqueue(msg_id, ("buried", "delayed"))
+        if msg is not None:
+            self._ready_now(msg)
+            self._dispatch()
+        return msg is not None
 
     def kick_stored(self, msg: Message, *, buried: bool) -> None:
         """A buried (or deferred) message as found in a shared store (query.find): ready
@@ -569,7 +538,6 @@ class Group:
 
     def _ready_now(self, msg: Message) -> None:
         """A kick: buried or deferred to ready now."""
-        self.kick_count += 1
         msg.job_stats().kicks += 1
         msg.deliver_at = 0.0
         self.queue.push_ready(msg)
@@ -625,15 +593,11 @@ class Group:
 
     def pause_for(self, seconds: int) -> None:
         """A timed pause (beanstalkd pause-tube); 0 ends a pause at once."""
-        now = trio.current_time()
+        self.pause_until = trio.current_time() + seconds if seconds > 0 else 0.0
+        self.pause_length = max(seconds, 0)
         if seconds <= 0:
-            self.pause_until = 0.0
-            self.pause_length = 0
             self._dispatch()
-            return
-        self.pause_until = now + seconds
-        self.pause_length = seconds
-        if self.pause_until < self.next_wake:
+        elif self.pause_until < self.next_wake:
             self.topic.broker.schedule(self, self.pause_until)
 
     def is_paused(self, now: float) -> bool:

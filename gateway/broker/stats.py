@@ -28,10 +28,6 @@ _BOUNDS_NS: Final = tuple(int(b * 1e9) for b in LATENCY_BUCKETS)
 _BOUNDS: Final = np.array(_BOUNDS_NS, dtype=np.int64)
 
 
-def new_counts() -> list[int]:
-    return [0, 0, 0, 0, 0]
-
-
 class Histogram:
     """A latency histogram as bare counts (prometheus_client's Histogram takes a lock and
     does more work per observation than an acknowledgement itself costs).

@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from gateway.broker import Broker, Consumer, Outcome
+from gateway.broker.stats import DELIVERED
 from gateway.model import Message
 from gateway.stores import MemoryStore
 from tests.helpers import running_broker as broker
@@ -261,7 +262,7 @@ async def test_a_window_refilled_at_once_is_recorded_before_the_sink_sees_it() -
         assert len(g.in_flight) == 4 and c.in_flight == 4
         entries = [g.in_flight[m.id] for m in s.got]
         assert all(e.deadline == e.delivered_at + 60 for e in entries)
-        assert g.delivered_count == 4
+        assert c.counts[DELIVERED] == 4
         for m in s.got:
             assert g.finish(c, m.id, pump=False) is Outcome.OK
         s.accept = False  # the next batch is declined: each one finished at once
