@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
@@ -345,11 +345,13 @@ def locate(view: View, msg_id: int, now: float | None = None) -> Located | None:
         return Located(state, _copy(msg), view.topic.name, view.name, max(0.0, left))
     for msg in view.backlog:
         if msg.id == msg_id:
-            delayed = msg.deliver_at > now
-            left = msg.deliver_at - now if delayed else 0.0
-            state: State = "delayed" if delayed else "ready"
-            return Located(state, _copy(msg), view.name, None, left)
+            left = max(0.0, msg.deliver_at - now)
+            return Located("delayed" if left else "ready", _copy(msg), view.name, None, left)
     return None
+
+
+def _views(broker: Broker, view_of: Callable[[Topic], View | None]) -> Iterator[View]:
+    return (view for t in broker.topics.values() if (view := view_of(t)) is not None)
 
 
 def locate_in(
@@ -357,13 +359,8 @@ def locate_in(
 ) -> Located | None:
     """Look for `msg_id` in each topic's view as `view_of` picks it (None: skip the
     topic), topics in creation order; the first hit wins."""
-    for t in broker.topics.values():
-        view = view_of(t)
-        if view is not None:
-            found = locate(view, msg_id)
-            if found is not None:
-                return found
-    return None
+    views = _views(broker, view_of)
+    return next((got for v in views if (got := locate(v, msg_id)) is not None), None)
 
 
 def deadline(g: Group, msg_id: int, consumer: Consumer) -> float | None:
@@ -400,29 +397,23 @@ def _located(found: Found, topic: str, group: str | None) -> Located:
 
 async def find_in(broker: Broker, view: View, msg_id: int) -> Located | None:
     """`locate`, then the shared store: message `msg_id` in one view, in any state."""
-    found = locate(view, msg_id)
-    where = _stored(view)
-    if found is not None or where is None:
-        return found
-    hit = await broker.journal.find([(where[0], [where[1]])], msg_id)
-    return _located(hit, where[0], where[1] or None) if hit is not None else None
+    return await _find(broker, [view], msg_id)
 
 
 async def find(
     broker: Broker, msg_id: int, view_of: Callable[[Topic], View | None]
 ) -> Located | None:
     """`locate_in`, then the shared store: one round trip over every topic's view."""
-    found = locate_in(broker, msg_id, view_of)
-    if found is not None or not broker.journal.fans_out:
+    return await _find(broker, list(_views(broker, view_of)), msg_id)
+
+
+async def _find(broker: Broker, views: list[View], msg_id: int) -> Located | None:
+    found = next((got for v in views if (got := locate(v, msg_id)) is not None), None)
+    where = dict(stored for v in views if (stored := _stored(v)) is not None)
+    if found is not None or not where:
         return found
-    where: dict[str, list[str]] = {}
-    for t in broker.topics.values():
-        view = view_of(t)
-        stored = _stored(view) if view is not None else None
-        if stored is not None:
-            where[stored[0]] = [stored[1]]
-    hit = await broker.journal.find(list(where.items()), msg_id) if where else None
-    return _located(hit, hit.topic, where[hit.topic][0] or None) if hit is not None else None
+    hit = await broker.journal.find([(t, [g]) for t, g in where.items()], msg_id)
+    return _located(hit, hit.topic, where[hit.topic] or None) if hit is not None else None
 
 
 async def first(broker: Broker, view: View, state: State, limit: int) -> list[Message]:
