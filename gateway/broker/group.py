@@ -573,7 +573,7 @@ class Group:
     def delete_claimed(self, msg: Message) -> None:
         """Remove a message that is in no queue here: one just unqueued, or one claimed from
         a shared store to be deleted (a job another gateway deferred or buried)."""
-        self.journal.removed(self, (msg,))
+        self.journal.removed(self.topic, self, (msg,))
         if self.archive is not None:
             self.archive.record(events.DELETED, msg, self.name)
 

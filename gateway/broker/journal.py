@@ -259,11 +259,8 @@ class Journal:
         rec = self.store.recorder(group.topic.name, group.name)
         return Recorder(rec.put, rec.delivered, rec.delivered_all, rec.finished)
 
-    def removed(self, group: Group, messages: Iterable[Message]) -> None:
-        self.store.remove(group.topic.name, group.name, messages)
-
-    def backlog_removed(self, topic: Topic, messages: Iterable[Message]) -> None:
-        self.store.remove(topic.name, None, messages)
+    def removed(self, topic: Topic, group: Group | None, messages: Iterable[Message]) -> None:
+        self.store.remove(topic.name, None if group is None else group.name, messages)
 
     async def load(self, group: Group, after: Key, limit: int) -> list[Message]:
         """Page in ready messages a durable store kept on disk, broker clock (due now)."""
@@ -404,11 +401,13 @@ def _owing(call: Callable[..., None]) -> Callable[..., None]:
     return owing
 
 
-# A shared store's every change is owed before its reply (see Owed); puts count in put().
-for _call in (
-    *("changed", "removed", "backlog_removed", "topic_added", "topic_dropped", "group_added"),
-    *("group_dropped", "backlog_fanned_out", "cleared", "paused"),
-):
+# the calls that record a change (but a put): a shared store's every change is owed before
+# its reply (see Owed), puts count in put()
+_CHANGES = (
+    *("changed", "removed", "topic_added", "topic_dropped", "group_added", "group_dropped"),
+    *("backlog_fanned_out", "cleared", "paused"),
+)
+for _call in _CHANGES:
     setattr(SharedJournal, _call, _owing(getattr(Journal, _call)))
 
 
@@ -432,10 +431,7 @@ def _nothing(*args: object, **kwargs: object) -> None:
     pass
 
 
-for _call in (
-    *("put", "changed", "removed", "backlog_removed", "ids_used", "topic_added"),
-    *("topic_dropped", "group_added", "group_dropped", "backlog_fanned_out", "cleared", "paused"),
-):
+for _call in ("put", "ids_used", *_CHANGES):
     setattr(_NullJournal, _call, _nothing)
 
 _NULL_RECORDER = Recorder(_nothing, _nothing, _nothing, _nothing)

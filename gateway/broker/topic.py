@@ -134,7 +134,7 @@ class Topic:
                 del self.backlog[i]
                 if self.archive is not None:
                     self.archive.record(DELETED, msg, "")
-                self.journal.backlog_removed(self, (msg,))
+                self.journal.removed(self, None, (msg,))
                 return msg
         return None
 
