@@ -189,10 +189,9 @@ class Claims:
 
     @staticmethod
     def room(group: Group) -> int:
-        free = 0
-        for c in group.consumers:
-            if c.attached and c.ready > c.in_flight:
-                free += c.ready - c.in_flight
+        free = sum(
+            c.ready - c.in_flight for c in group.consumers if c.attached and c.ready > c.in_flight
+        )
         return free - len(group.ready)
 
     # -- the claimer -----------------------------------------------------------
@@ -285,13 +284,11 @@ class Claims:
         for name, (paused, groups) in registry.items():
             # Made here as the registry says, not recorded: written back, a name another
             # gateway deleted during this read would come back.
-            t = broker.topics.get(name)
-            if t is None:
-                t = broker.topic(name, record=False)
+            t = broker.topic(name, record=False)
             assert t is not None
             t.paused = paused
             for gname, g_paused in groups.items():
-                g = t.groups.get(gname) or t.group(gname, record=False)
+                g = t.group(gname, record=False)
                 assert g is not None
                 g.paused = g_paused
             for gone in here.get(name, set()) - set(groups):
