@@ -52,9 +52,8 @@ class Consumer:
         self.counts = group.counts_for(protocol)
         self.latency = group.topic.broker.ack_latency_for(protocol)
         self.latency_samples = self.latency.samples  # appended to, folded by the histogram
-        self.timeout = (
-            timeout  # seconds a delivery may stay in flight (unless the message has a ttr)
-        )
+        # seconds a delivery may stay in flight (unless the message has a ttr)
+        self.timeout = timeout
         self.ready = 0
         self.in_flight = 0
         self.attached = True

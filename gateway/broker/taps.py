@@ -85,14 +85,10 @@ class _Queue:
 
     def pick(self, routed: tuple[str, ...] | None) -> Tap | None:
         local = self.local
-        if routed is not None:
-            if not local or self.name not in routed:
-                return None
-            self.turn = (self.turn + 1) % len(local)
-            return local[self.turn]
         remotes = self.remotes
-        if not remotes:
-            if not local:  # its last member left during this batch
+        if routed is not None or not remotes:  # one of the local members
+            # none: its last member left during this batch, or a route named another queue
+            if not local or (routed is not None and self.name not in routed):
                 return None
             self.turn = (self.turn + 1) % len(local)
             return local[self.turn]
