@@ -188,13 +188,6 @@ class Broker:
         StoreUnavailable when the store cannot write (the publish must then be refused)."""
         await self.journal.flush()
 
-    @property
-    def flush_waits(self) -> bool:
-        """Whether `flush()` waits for a disk or a server: a session then does well to
-        commit more publishes at once. When not (the memory store), flush() returns at once
-        and never fails, and a session need not await it at all."""
-        return self.journal.durable
-
     async def kick(self, group: Group, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
         deferred ones; how many. A shared store's are kicked there, whichever gateway
