@@ -90,8 +90,7 @@ class SharedQueue(Queue):
             self.closing()  # claimed for consumers that left: any gateway may have them now
 
     def closing(self) -> None:
-        if self.group.ready:
-            self.give_back(self.group.ready.clear())
+        self.give_back(self.group.ready.clear())
 
     def give_back(self, msgs: list[Message]) -> None:
         """Claimed messages not delivered: ready in the store again, for any gateway."""
@@ -309,23 +308,20 @@ class Claims:
                 self.journal.topic_added(t)
                 continue
             broker.delete_topic(name, record=False)
-        topics = [t for t in broker.topics.values() if not t.ephemeral]
         stored = [
-            [g for g in t.groups.values() if isinstance(g.queue, SharedQueue)] for t in topics
+            (t, [q for g in t.groups.values() if isinstance(q := g.queue, SharedQueue)])
+            for t in broker.topics.values()
+            if not t.ephemeral
         ]
         counts = await self.journal.counts(
-            [
-                (t.name, ["", *(g.name for g in groups)])
-                for t, groups in zip(topics, stored, strict=True)
-            ]
+            [(t.name, ["", *(q.group.name for q in queues)]) for t, queues in stored]
         )
-        for t, groups, (backlog, *per_group) in zip(topics, stored, counts, strict=True):
+        for (t, queues), (backlog, *per_group) in zip(stored, counts, strict=True):
             t.stored_backlog = backlog[0] + backlog[1]
-            for g, (ready, deferred, _claimed, buried, head) in zip(groups, per_group, strict=True):
-                queue = g.queue
-                assert isinstance(queue, SharedQueue)
-                queue.stored_ready, queue.stored_delayed = ready, deferred
-                queue.stored_buried, queue.stored_buried_head = buried, head
+            for q, (ready, deferred, _claimed, buried, head) in zip(queues, per_group, strict=True):
+                q.stored_ready, q.stored_delayed = ready, deferred
+                q.stored_buried, q.stored_buried_head = buried, head
+                g = q.group
                 g.message_count = ready + deferred + len(g.ready)
                 if ready and g.consumers:
                     self.fed(g)  # a notification lost on the way: claim anyway
