@@ -182,7 +182,7 @@ async def test_cpp_broadcasting_consumers_each_get_every_message(tmp_path: Path)
             # queue: a broadcast client starts from the end, so only then is every one
             # of the messages after its start
             await wait_until(
-                lambda: sum(s.held_pulls for s in gw.rocketmq.sessions) >= 12,
+                lambda: sum(s.consumer.held_pulls for s in gw.rocketmq.sessions) >= 12,
                 "three consumers holding a pull of each of the four queues",
             )
             groups = sorted(g.name for g in gw.broker.topics["Bc"].groups.values())

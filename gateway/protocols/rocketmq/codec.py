@@ -304,3 +304,10 @@ def not_supported(request: Request) -> bytes:
         remark=f" request type {request.code} not supported",
         serialize_type=request.serialize_type,
     )
+
+
+def ok(request: Request, ext: Mapping[str, object] | None = None, body: bytes = b"") -> bytes:
+    """SUCCESS, in the serialization the request used."""
+    return encode_response(
+        request.opaque, ext_fields=ext, body=body, serialize_type=request.serialize_type
+    )

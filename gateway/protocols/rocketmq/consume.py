@@ -8,12 +8,13 @@ leaves its groups at once, as the Java broker's channel listener does).
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.protocols.rocketmq import requests as rq
-from gateway.protocols.rocketmq.codec import ResponseCode, encode_response
+from gateway.protocols.rocketmq.codec import ResponseCode, encode_request, encode_response, ok
 from gateway.protocols.rocketmq.codes import (
     PULL_COMMIT_OFFSET,
     PULL_SUBSCRIPTION,
@@ -30,6 +31,7 @@ from gateway.protocols.rocketmq.mapping import (
 )
 
 if TYPE_CHECKING:
+    from gateway.connection import Connection
     from gateway.protocols.rocketmq.server import RocketMQServer
 
 _PULL_CODES = {
@@ -51,56 +53,57 @@ def _version(value: Any) -> int:
         return 0
 
 
-class ConsumeRequests:
-    """The consumer half of RocketMQSession (mixed in; the session sets these attributes)."""
+class Consumer:
+    """A connection's consumer side: the groups its clients joined, its held pulls and
+    what it tells its clients unasked. `answer` is the session's: a pull held for the
+    first heartbeat is answered then as any request is."""
 
-    server: RocketMQServer
-    remote: str
-    registered: set[tuple[str, str]]
-    broadcast: dict[str, str]
-    heartbeat_seen: trio.Event | None  # None once the connection's first heartbeat came
-    held_pulls: int
+    def __init__(
+        self, server: RocketMQServer, conn: Connection, answer: Callable[[Request], bytes | None]
+    ) -> None:
+        self.server = server
+        self.conn = conn
+        self._answer = answer
+        self._registered: set[tuple[str, str]] = set()  # (consumer group, clientID)
+        # consumer group -> the group its BROADCASTING client reads through (server.py)
+        self._broadcast: dict[str, str] = {}
+        # set by the connection's first heartbeat, then None
+        self._heartbeat_seen: trio.Event | None = trio.Event()
+        self.held_pulls = 0
+        self._next_opaque = 0  # for requests the gateway sends (NOTIFY_CONSUMER_IDS_CHANGED)
 
-    def ok(
-        self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
-    ) -> bytes:
-        raise NotImplementedError  # pragma: no cover - the session's
+    def _send(self, frame: bytes) -> None:
+        """Queue a frame and write it now if the socket takes it (from any task)."""
+        conn = self.conn
+        conn.out.append(frame)
+        conn.pending += len(frame)
+        if not conn.sending:  # else the writer in progress sends it after its current write
+            conn.write_queued()
 
-    def error(self, request: Request, code: int, remark: str) -> bytes:
-        raise NotImplementedError  # pragma: no cover - the session's
-
-    def send_frames(self, frames: list[bytes]) -> None:
-        raise NotImplementedError  # pragma: no cover - the session's
-
-    def notify(self, code: int, ext: dict[str, object]) -> None:
-        raise NotImplementedError  # pragma: no cover - the session's
-
-    def spawn(self, task: Any) -> None:
-        raise NotImplementedError  # pragma: no cover - the session's
-
-    def _answer(self, request: Request) -> Any:
-        raise NotImplementedError  # pragma: no cover - the session's
+    def _spawn(self, task: Callable[[], Awaitable[None]]) -> None:
+        assert self.conn.nursery is not None
+        self.conn.nursery.start_soon(task)
 
     # -- membership ---------------------------------------------------------------------------
 
-    def _heartbeat(self, request: Request) -> bytes:
+    def heartbeat(self, request: Request) -> bytes:
         try:
             data = json.loads(request.body.decode("utf-8", "replace"))
         except (ValueError, RecursionError):
-            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat body is not JSON")
+            raise rq.BadRequest("heartbeat body is not JSON") from None
         if not isinstance(data, dict):
-            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat body is not a map")
+            raise rq.BadRequest("heartbeat body is not a map")
         client_id = data.get("clientID")
         if not isinstance(client_id, str) or not client_id:
-            return self.error(request, ResponseCode.SYSTEM_ERROR, "heartbeat without clientID")
+            raise rq.BadRequest("heartbeat without clientID")
         consumers = data.get("consumerDataSet") or []
         for consumer in consumers if isinstance(consumers, list) else []:
             if isinstance(consumer, dict):
                 self._register(client_id, consumer)
-        if self.heartbeat_seen is not None:
-            self.heartbeat_seen.set()  # the pulls that waited for it go on
-            self.heartbeat_seen = None
-        return self.ok(request)
+        if self._heartbeat_seen is not None:
+            self._heartbeat_seen.set()  # the pulls that waited for it go on
+            self._heartbeat_seen = None
+        return ok(request)
 
     def _register(self, client_id: str, consumer: dict[str, Any]) -> None:
         group = consumer.get("groupName")
@@ -109,7 +112,7 @@ class ConsumeRequests:
         model = consumer.get("messageModel")  # by name (Java, ali-ons) or ordinal (C++)
         if model == "BROADCASTING" or (type(model) is int and model == 0):
             own = self.server.broadcast_group(group, client_id)
-            self.broadcast[group] = own
+            self._broadcast[group] = own
             group = own
         subscriptions = consumer.get("subscriptionDataSet") or []
         for sub in subscriptions if isinstance(subscriptions, list) else []:
@@ -127,8 +130,8 @@ class ConsumeRequests:
                     _version(sub.get("subVersion")),
                 ),
             )
-        self.registered.add((group, client_id))
-        if self.server.join(group, client_id, self):  # type: ignore[arg-type]
+        self._registered.add((group, client_id))
+        if self.server.join(group, client_id, self):
             self._members_changed(group)
 
     @staticmethod
@@ -139,52 +142,57 @@ class ConsumeRequests:
     def _members_changed(self, group: str) -> None:
         """NOTIFY_CONSUMER_IDS_CHANGED to the group's other clients: Java rebalances at
         once (ali-ons ignores it and rebalances on its 10 s timer)."""
-        for session in self.server.sessions_of(group):
-            if session is not self:
-                session.notify(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+        for consumer in self.server.consumers_of(group):
+            if consumer is not self:
+                consumer.notify(group)
 
-    def _unregister(self, request: Request) -> bytes:
+    def notify(self, group: str) -> None:
+        """NOTIFY_CONSUMER_IDS_CHANGED, a oneway request to the client."""
+        self._next_opaque += 1
+        ext = {"consumerGroup": group}
+        code = RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+        self._send(encode_request(code, self._next_opaque, ext_fields=ext, oneway=True))
+
+    def unregister(self, request: Request) -> bytes:
         client_id = request.ext_fields.get("clientID", "")
         group = request.ext_fields.get("consumerGroup", "")
-        group = self.broadcast.pop(group, group)
+        group = self._broadcast.pop(group, group)
         if group:
-            self.registered.discard((group, client_id))
+            self._registered.discard((group, client_id))
             if self.server.leave(group, client_id):
                 self._members_changed(group)
-        return self.ok(request)
+        return ok(request)
 
-    def _leave_all(self) -> None:
-        for group, client_id in self.registered:
+    def leave_all(self) -> None:
+        for group, client_id in self._registered:
             if self.server.members.get(group, {}).get(client_id) is not None:
                 member = self.server.members[group][client_id]
-                if member.session is self and self.server.leave(group, client_id):
+                if member.consumer is self and self.server.leave(group, client_id):
                     self._members_changed(group)
-        self.registered.clear()
+        self._registered.clear()
 
-    def _consumer_list(self, request: Request) -> bytes:
+    def consumer_list(self, request: Request) -> bytes:
         group = rq.text(request, "consumerGroup")
-        ids = self.server.client_ids(self.broadcast.get(group, group))
+        ids = self.server.client_ids(self._broadcast.get(group, group))
         if not ids:
-            return self.error(
-                request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group[:260]}"
-            )
+            raise rq.BadRequest(f"no consumer for this group, {group[:260]}")
         body = json.dumps({"consumerIdList": ids}, separators=(",", ":")).encode()
-        return self.ok(request, body=body)
+        return ok(request, body=body)
 
-    def _lock(self, request: Request) -> bytes:
+    def lock(self, request: Request) -> bytes:
         """LOCK_BATCH_MQ (orderly consumers, every 20 s and on rebalance): the queues this
         client now holds among those asked for (server.lock_queues)."""
         group, client_id, asked = self._lock_request(request)
         granted = self.server.lock_queues(group, client_id, [q for q, _ in asked])
-        held = [mq for (_, mq), ok in zip(asked, granted, strict=True) if ok]
+        held = [mq for (_, mq), given in zip(asked, granted, strict=True) if given]
         body = json.dumps({"lockOKMQSet": held}, separators=(",", ":")).encode()
-        return self.ok(request, body=body)
+        return ok(request, body=body)
 
-    def _unlock(self, request: Request) -> bytes:
+    def unlock(self, request: Request) -> bytes:
         """UNLOCK_BATCH_MQ: a client lets go of queues (after a rebalance took them)."""
         group, client_id, asked = self._lock_request(request)
         self.server.unlock_queues(group, client_id, [q for q, _ in asked])
-        return self.ok(request)
+        return ok(request)
 
     def _lock_request(
         self, request: Request
@@ -224,7 +232,7 @@ class ConsumeRequests:
         """The request's consumer group, or the group this connection's BROADCASTING
         client reads it through."""
         group = rq.group(request, "consumerGroup")
-        return self.broadcast.get(group, group)
+        return self._broadcast.get(group, group)
 
     def _queue_feed(self, request: Request) -> tuple[GroupFeed | None, int]:
         topic = rq.topic(request)
@@ -232,25 +240,24 @@ class ConsumeRequests:
         queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
         return self.server.existing_feed(topic, group), queue_id
 
-    def _query_offset(self, request: Request) -> bytes:
+    def query_offset(self, request: Request) -> bytes:
         feed, queue_id = self._queue_feed(request)
         if feed is None:
-            return self.error(
-                request,
-                ResponseCode.QUERY_NOT_FOUND,
+            raise rq.BadRequest(
                 "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+                ResponseCode.QUERY_NOT_FOUND,
             )
         # The oldest entry not acknowledged: every pulled but uncommitted message is
         # pulled again by whoever takes the queue over (at least once).
-        return self.ok(request, {"offset": feed.queues[queue_id].min_offset})
+        return ok(request, {"offset": feed.queues[queue_id].min_offset})
 
-    def _update_offset(self, request: Request) -> bytes:
+    def update_offset(self, request: Request) -> bytes:
         feed, queue_id = self._queue_feed(request)
         offset = rq.integer(request, "commitOffset")
         # ali-ons commits -1 for queues it has not consumed from (notes 4.3)
         if feed is not None and offset >= 0:
             feed.commit(queue_id, offset)
-        return self.ok(request)
+        return ok(request)
 
     def _offsets(self, request: Request) -> list[tuple[GroupFeed, int]]:
         """The queue in every group's feed of the topic (these requests name no group), or
@@ -259,35 +266,35 @@ class ConsumeRequests:
         topic = rq.topic(request)
         queue_id = rq.queue_id(request, topic, self.server.queue_count(topic))
         server = self.server
-        own = [server.existing_feed(topic, group) for group in self.broadcast.values()]
+        own = [server.existing_feed(topic, group) for group in self._broadcast.values()]
         feeds = [f for f in own if f is not None] or server.topic_feeds(topic)
         return [(feed, queue_id) for feed in feeds]
 
-    def _max_offset(self, request: Request) -> bytes:
+    def max_offset(self, request: Request) -> bytes:
         logs = [feed.queues[q] for feed, q in self._offsets(request)]
-        return self.ok(request, {"offset": max((lg.next_offset for lg in logs), default=0)})
+        return ok(request, {"offset": max((lg.next_offset for lg in logs), default=0)})
 
-    def _min_offset(self, request: Request) -> bytes:
+    def min_offset(self, request: Request) -> bytes:
         logs = [feed.queues[q] for feed, q in self._offsets(request)]
-        return self.ok(request, {"offset": min((lg.min_offset for lg in logs), default=0)})
+        return ok(request, {"offset": min((lg.min_offset for lg in logs), default=0)})
 
-    def _search_offset(self, request: Request) -> bytes:
+    def search_offset(self, request: Request) -> bytes:
         timestamp = rq.integer(request, "timestamp")
         logs = [feed.queues[q] for feed, q in self._offsets(request)]
         offsets = [lg.offset_at(timestamp) for lg in logs]
-        return self.ok(request, {"offset": min(offsets, default=0)})
+        return ok(request, {"offset": min(offsets, default=0)})
 
-    def _earliest_time(self, request: Request) -> bytes:
+    def earliest_time(self, request: Request) -> bytes:
         stamps = [
             feed.queues[q].entries[0].message.timestamp // 1_000_000
             for feed, q in self._offsets(request)
             if feed.queues[q].entries
         ]
-        return self.ok(request, {"timestamp": min(stamps, default=0)})
+        return ok(request, {"timestamp": min(stamps, default=0)})
 
     # -- PULL_MESSAGE -------------------------------------------------------------------------
 
-    def _pull(self, request: Request) -> bytes | None:
+    def pull(self, request: Request) -> bytes | None:
         server = self.server
         topic = rq.topic(request)
         group = self._group(request)
@@ -297,12 +304,11 @@ class ConsumeRequests:
         sys_flag = rq.integer(request, "sysFlag", 0)
         kind = request.ext_fields.get("expressionType", "TAG")
         if kind.upper() != "TAG":
-            return self.error(
-                request,
-                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+            raise rq.BadRequest(
                 f"the gateway filters by tag only, not by {kind[:20]}",
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED,
             )
-        if self.heartbeat_seen is not None and server.broadcasts(group):
+        if self._heartbeat_seen is not None and server.broadcasts(group):
             # a BROADCASTING group, from a connection whose client has not said who it is
             # (one that reconnected: its next heartbeat comes within 30 s); whose group
             # to read is known only then
@@ -321,10 +327,9 @@ class ConsumeRequests:
             # Java's default: the subscription is the group's latest heartbeat's (notes 4.2)
             existing = server.existing_feed(topic, group)
             if existing is None:
-                return self.error(
-                    request,
-                    ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                raise rq.BadRequest(
                     f"the consumer's subscription not exist, group: {group}, topic: {topic}",
+                    ResponseCode.SUBSCRIPTION_NOT_EXIST,
                 )
             feed = existing
             subscription = feed.subscription
@@ -339,7 +344,7 @@ class ConsumeRequests:
             hold = self._hold_seconds(request)
             if hold > 0:
                 until = trio.current_time() + hold
-                self.spawn(
+                self._spawn(
                     lambda: self._hold(request, feed, queue_id, offset, count, subscription, until)
                 )
                 return None
@@ -349,7 +354,7 @@ class ConsumeRequests:
         """Held until the connection's first heartbeat, then answered as any pull is; past
         the suspend time without one (or at once, for a pull that may not be held),
         PULL_NOT_FOUND, and the client pulls again."""
-        seen = self.heartbeat_seen
+        seen = self._heartbeat_seen
         hold = self._hold_seconds(request)
         if seen is None or not sys_flag & PULL_SUSPEND or hold <= 0 or self.held_pulls >= MAX_HELD:
             return _not_found(request, offset)
@@ -363,9 +368,9 @@ class ConsumeRequests:
                 self.held_pulls -= 1
             answer = self._answer(request) if seen.is_set() else _not_found(request, offset)
             if answer is not None:
-                self.send_frames([answer])
+                self._send(answer)
 
-        self.spawn(wait)
+        self._spawn(wait)
         return None
 
     def _hold_seconds(self, request: Request) -> float:
@@ -398,7 +403,7 @@ class ConsumeRequests:
                     await wake.wait()
         finally:
             self.held_pulls -= 1
-        self.send_frames([self._pull_answer(request, feed, queue_id, result)])
+        self._send(self._pull_answer(request, feed, queue_id, result))
 
     def _pull_answer(
         self, request: Request, feed: GroupFeed, queue_id: int, result: PullResult

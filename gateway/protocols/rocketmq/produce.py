@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gateway.model import Message
 from gateway.protocols.rocketmq import requests as rq
-from gateway.protocols.rocketmq.codec import ResponseCode
+from gateway.protocols.rocketmq.codec import ResponseCode, ok
 from gateway.protocols.rocketmq.codes import SEND_V2_FIELDS, RequestCode
 from gateway.protocols.rocketmq.events import Request, SerializeType
 from gateway.protocols.rocketmq.mapping import (
@@ -25,7 +25,6 @@ from gateway.protocols.rocketmq.mapping import (
     RETRY_PREFIX,
     RETRY_TOPIC,
     TRANSACTION_PREPARED,
-    BodyTooLarge,
     dlq_topic,
     header,
     headers_from_properties,
@@ -56,19 +55,12 @@ _SEND_OK_JSON = (
 _FRAME_PREFIX = struct.Struct(">iI")  # total length, header word (JSON: the length)
 
 
-class ProduceRequests:
-    """The send half of RocketMQSession (mixed in; the session sets these attributes)."""
+class Producer:
+    """A connection's sends; `origin` names the connection in what it publishes."""
 
-    server: RocketMQServer
-    origin: str
-
-    def ok(
-        self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
-    ) -> bytes:
-        raise NotImplementedError  # pragma: no cover - the session's
-
-    def error(self, request: Request, code: int, remark: str) -> bytes:
-        raise NotImplementedError  # pragma: no cover - the session's
+    def __init__(self, server: RocketMQServer, origin: str) -> None:
+        self.server = server
+        self.origin = origin
 
     # -- SEND_MESSAGE / V2 / BATCH ------------------------------------------------------------
 
@@ -89,9 +81,7 @@ class ProduceRequests:
         if sys_flag & SYSFLAG_COMPRESSED:
             try:
                 body = inflate(body, limit)
-            except BodyTooLarge as exc:
-                raise rq.BadRequest(str(exc), ResponseCode.MESSAGE_ILLEGAL) from None
-            except ValueError as exc:
+            except ValueError as exc:  # BodyTooLarge too
                 raise rq.BadRequest(str(exc), ResponseCode.MESSAGE_ILLEGAL) from None
         return body
 
@@ -116,7 +106,7 @@ class ProduceRequests:
         levels = self.server.delay_levels
         return levels[min(level, len(levels)) - 1] if level > 0 else 0.0
 
-    def _send_message(self, request: Request) -> bytes:
+    def send_message(self, request: Request) -> bytes:
         fields = self._send_fields(request)
         topic = rq.topic(fields)
         sys_flag = rq.integer(fields, "sysFlag", 0)
@@ -135,7 +125,7 @@ class ProduceRequests:
         messages, queue_id, offset = self._store(fields, topic, [body], headers)
         return self._send_result(request, messages, queue_id, offset)
 
-    def _send_batch(self, request: Request) -> bytes:
+    def send_batch(self, request: Request) -> bytes:
         fields = self._send_fields(request)
         topic = rq.topic(fields)
         sys_flag = rq.integer(fields, "sysFlag", 0)
@@ -194,9 +184,6 @@ class ProduceRequests:
             queue_id = messages[0].id % count  # Java: a negative queue means "broker picks"
         return messages, queue_id, server.sent(topic, queue_id, messages)
 
-    def _msg_id(self, message: Message) -> str:
-        return self.server.msg_id(message.id)
-
     def _send_result(
         self, request: Request, messages: list[Message], queue_id: int, offset: int
     ) -> bytes:
@@ -206,7 +193,7 @@ class ProduceRequests:
             # JSON escaping), a third of a send's cost when it went through json.dumps
             header = _SEND_OK_JSON.format(msg_ids, queue_id, offset, request.opaque).encode()
             return _FRAME_PREFIX.pack(4 + len(header), len(header)) + header
-        return self.ok(
+        return ok(
             request,
             {
                 "msgId": msg_ids,
@@ -219,7 +206,7 @@ class ProduceRequests:
 
     # -- retries and dead letters -------------------------------------------------------------
 
-    def _send_back(self, request: Request) -> bytes:
+    def send_back(self, request: Request) -> bytes:
         """CONSUMER_SEND_MSG_BACK: a consumer failed a message (notes 6). A copy goes to
         `%RETRY%<group>` after the delay level's time, or, past maxReconsumeTimes, to
         `%DLQ%<group>`, buried. The original is acknowledged by the consumer's commit."""
@@ -234,9 +221,7 @@ class ProduceRequests:
                 found = (feed.topic, message)
                 break
         if found is None:
-            return self.error(
-                request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {physical}"
-            )
+            raise rq.BadRequest(f"look message by offset failed, {physical}")
         topic, message = found
         reconsume = int_header(message, RECONSUME_TIME)
         headers = [
@@ -247,7 +232,7 @@ class ProduceRequests:
         if header(message, RETRY_TOPIC) is None and not topic.startswith(RETRY_PREFIX):
             headers.append((RETRY_TOPIC, topic))
         if header(message, ORIGIN_MESSAGE_ID) is None:
-            origin_id = request.ext_fields.get("originMsgId") or self._msg_id(message)
+            origin_id = request.ext_fields.get("originMsgId") or self.server.msg_id(message.id)
             headers.append((ORIGIN_MESSAGE_ID, origin_id))
         headers.append((RECONSUME_TIME, str(reconsume + 1)))
         if reconsume >= limit or delay_level < 0:
@@ -262,7 +247,7 @@ class ProduceRequests:
             headers=headers,
             origin=self.origin,
         )
-        return self.ok(request)
+        return ok(request)
 
     def _dead_letter_send(
         self, request: Request, group: str, body: bytes, headers: list[tuple[str, str]]
@@ -270,6 +255,6 @@ class ProduceRequests:
         headers = [(k, v) for k, v in headers if k != DELAY]
         messages = self.server.dead_letter(group, body, headers, self.origin)
         if request.code == RequestCode.CONSUMER_SEND_MSG_BACK:
-            return self.ok(request)
+            return ok(request)
         offset = self.server.sent(dlq_topic(group), 0, messages)
         return self._send_result(request, messages, 0, offset)

@@ -29,6 +29,7 @@ from gateway.protocols.rocketmq.mapping import (
 from gateway.protocols.rocketmq.message import offset_msg_id
 
 if TYPE_CHECKING:
+    from gateway.protocols.rocketmq.consume import Consumer
     from gateway.protocols.rocketmq.session import RocketMQSession
 
 log = logging.getLogger("gateway.rocketmq")
@@ -43,7 +44,7 @@ _MAX_LOCKS: Final = 65536
 
 @dataclass
 class Member:
-    session: RocketMQSession
+    consumer: Consumer  # of the client's connection
     seen: float  # trio clock of the last heartbeat
 
 
@@ -205,15 +206,15 @@ class RocketMQServer:
     def group_feeds(self, group: str) -> list[GroupFeed]:
         return [f for (_, g), f in list(self.feeds.items()) if g == group and not f.closed]
 
-    def join(self, group: str, client_id: str, session: RocketMQSession) -> bool:
+    def join(self, group: str, client_id: str, consumer: Consumer) -> bool:
         """A heartbeat: True when the client is new to the group."""
         members = self.members.setdefault(group, {})
         now = trio.current_time()
         member = members.get(client_id)
-        if member is not None and member.session is session:
+        if member is not None and member.consumer is consumer:
             member.seen = now
             return False
-        members[client_id] = Member(session, now)
+        members[client_id] = Member(consumer, now)
         self._describe(group)
         return True
 
@@ -298,8 +299,8 @@ class RocketMQServer:
         for key in [k for k, held in self.locks.items() if self._expired(held, now)]:
             del self.locks[key]
 
-    def sessions_of(self, group: str) -> set[RocketMQSession]:
-        return {m.session for m in self.members.get(group, {}).values()}
+    def consumers_of(self, group: str) -> set[Consumer]:
+        return {m.consumer for m in self.members.get(group, {}).values()}
 
     def _describe(self, group: str) -> None:
         # what the admin page and /stats show as the consumer's address: its clients

@@ -5,7 +5,8 @@ arrival: a send's answer waits in the connection shell's reply gate for the stor
 the broker says it needs (one commit for the batch's sends), and a pull with nothing to
 return is held in a task of its own until a message arrives in its queue or its suspend
 time runs out (a long poll must not block the other requests on the connection; clients
-match answers by opaque, in any order; notes 1).
+match answers by opaque, in any order; notes 1). Its Consumer (consume.py) and Producer
+(produce.py) answer the broker's requests; a handler refuses one with rq.BadRequest.
 
 A framing error (negative or oversize length, header past the frame, undecodable header)
 closes the connection without an answer, as NettyDecoder does; any other bad request gets
@@ -26,15 +27,15 @@ from gateway.protocols.rocketmq import requests as rq
 from gateway.protocols.rocketmq.codec import (
     RemotingCodec,
     ResponseCode,
-    encode_request,
     encode_response,
     not_supported,
+    ok,
 )
 from gateway.protocols.rocketmq.codes import RequestCode
-from gateway.protocols.rocketmq.consume import ConsumeRequests
+from gateway.protocols.rocketmq.consume import Consumer
 from gateway.protocols.rocketmq.events import ProtocolError, Request
 from gateway.protocols.rocketmq.mapping import valid_topic
-from gateway.protocols.rocketmq.produce import ProduceRequests
+from gateway.protocols.rocketmq.produce import Producer
 from gateway.protocols.rocketmq.server import RocketMQServer
 
 log = logging.getLogger("gateway.rocketmq")
@@ -54,7 +55,7 @@ _SENDS = frozenset(
 )
 
 
-class RocketMQSession(ConsumeRequests, ProduceRequests):
+class RocketMQSession:
     protocol = PROTOCOL
 
     def __init__(self, server: RocketMQServer, stream: trio.abc.Stream, remote: str) -> None:
@@ -62,34 +63,28 @@ class RocketMQSession(ConsumeRequests, ProduceRequests):
         self.remote = remote
         self.conn = Connection(stream, remote, PROTOCOL, server.metrics, commit=server.broker.flush)
         self._owed = server.broker.owed  # which sends' answers wait for their commit
-        self.remote_host = remote.rsplit(":", 1)[0].strip("[]")
         self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)
-        self.origin = f"{PROTOCOL} {remote}"
-        self.registered: set[tuple[str, str]] = set()  # (consumer group, clientID)
-        # consumer group -> the group its BROADCASTING client reads through (server.py)
-        self.broadcast: dict[str, str] = {}
-        self.heartbeat_seen: trio.Event | None = trio.Event()  # set by the first heartbeat
-        self.held_pulls = 0
-        self._next_opaque = 0  # for requests the gateway sends (NOTIFY_CONSUMER_IDS_CHANGED)
         self._metrics = server.metrics
+        self.consumer = consumer = Consumer(server, self.conn, self._answer)
+        producer = Producer(server, f"{PROTOCOL} {remote}")
         self._handlers: dict[int, Callable[[Request], Answer]] = {
-            RequestCode.SEND_MESSAGE_V2: self._send_message,
-            RequestCode.SEND_MESSAGE: self._send_message,
-            RequestCode.SEND_BATCH_MESSAGE: self._send_batch,
-            RequestCode.PULL_MESSAGE: self._pull,
-            RequestCode.QUERY_CONSUMER_OFFSET: self._query_offset,
-            RequestCode.UPDATE_CONSUMER_OFFSET: self._update_offset,
-            RequestCode.GET_MAX_OFFSET: self._max_offset,
-            RequestCode.GET_MIN_OFFSET: self._min_offset,
-            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self._search_offset,
-            RequestCode.GET_EARLIEST_MSG_STORETIME: self._earliest_time,
-            RequestCode.HEART_BEAT: self._heartbeat,
-            RequestCode.UNREGISTER_CLIENT: self._unregister,
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self._consumer_list,
-            RequestCode.CONSUMER_SEND_MSG_BACK: self._send_back,
-            RequestCode.LOCK_BATCH_MQ: self._lock,
-            RequestCode.UNLOCK_BATCH_MQ: self._unlock,
-            RequestCode.CHECK_CLIENT_CONFIG: self._ok,
+            RequestCode.SEND_MESSAGE_V2: producer.send_message,
+            RequestCode.SEND_MESSAGE: producer.send_message,
+            RequestCode.SEND_BATCH_MESSAGE: producer.send_batch,
+            RequestCode.PULL_MESSAGE: consumer.pull,
+            RequestCode.QUERY_CONSUMER_OFFSET: consumer.query_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: consumer.update_offset,
+            RequestCode.GET_MAX_OFFSET: consumer.max_offset,
+            RequestCode.GET_MIN_OFFSET: consumer.min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: consumer.search_offset,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: consumer.earliest_time,
+            RequestCode.HEART_BEAT: consumer.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: consumer.unregister,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer.consumer_list,
+            RequestCode.CONSUMER_SEND_MSG_BACK: producer.send_back,
+            RequestCode.LOCK_BATCH_MQ: consumer.lock,
+            RequestCode.UNLOCK_BATCH_MQ: consumer.unlock,
+            RequestCode.CHECK_CLIENT_CONFIG: ok,
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self._route,
             RequestCode.GET_BROKER_CLUSTER_INFO: self._cluster_info,
         }
@@ -102,7 +97,7 @@ class RocketMQSession(ConsumeRequests, ProduceRequests):
 
     def _closed(self) -> None:
         self.server.sessions.discard(self)
-        self._leave_all()
+        self.consumer.leave_all()
 
     def close(self) -> None:
         self.conn.cancel()
@@ -158,19 +153,19 @@ class RocketMQSession(ConsumeRequests, ProduceRequests):
         try:
             answer = handler(request)
         except rq.BadRequest as exc:
-            answer = self.error(request, exc.code, exc.remark)
+            answer = self._error(request, exc.code, exc.remark)
         except StoreUnavailable as exc:
-            answer = self.error(
+            answer = self._error(
                 request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}"
             )
         except Exception as exc:
             # A Java broker's request processor answers SYSTEM_ERROR for what it did not
             # foresee, and the connection (with its other requests, held pulls) lives on.
             log.exception("rocketmq %s: request code %d failed", self.remote, request.code)
-            answer = self.error(request, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}")
+            answer = self._error(request, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}")
         return None if request.oneway else answer
 
-    def error(self, request: Request, code: int, remark: str) -> bytes:
+    def _error(self, request: Request, code: int, remark: str) -> bytes:
         try:
             name = ResponseCode(code).name
         except ValueError:
@@ -180,37 +175,10 @@ class RocketMQSession(ConsumeRequests, ProduceRequests):
             request.opaque, code, remark=remark, serialize_type=request.serialize_type
         )
 
-    def ok(
-        self, request: Request, ext: dict[str, object] | None = None, body: bytes = b""
-    ) -> bytes:
-        return encode_response(
-            request.opaque, ext_fields=ext, body=body, serialize_type=request.serialize_type
-        )
-
     def _store_failed(self, request: Request, exc: StoreUnavailable) -> bytes:
         """A send whose commit failed: the error a Java broker answers when it cannot
         store."""
-        return self.error(request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}")
-
-    # -- output -------------------------------------------------------------------------------
-
-    def send_frames(self, frames: list[bytes]) -> None:
-        """Queue frames and write them now if the socket takes them (from any task)."""
-        conn = self.conn
-        conn.out.extend(frames)
-        conn.pending += sum(len(f) for f in frames)
-        if conn.sending:
-            return  # the writer in progress sends them after its current write
-        conn.write_queued()
-
-    def notify(self, code: int, ext: dict[str, object]) -> None:
-        """A oneway request to the client (NOTIFY_CONSUMER_IDS_CHANGED)."""
-        self._next_opaque += 1
-        self.send_frames([encode_request(code, self._next_opaque, ext_fields=ext, oneway=True)])
-
-    def spawn(self, task: Callable[[], object]) -> None:
-        assert self.conn.nursery is not None
-        self.conn.nursery.start_soon(task)  # type: ignore[arg-type]
+        return self._error(request, ResponseCode.SERVICE_NOT_AVAILABLE, f"store unavailable: {exc}")
 
     # -- nameserver ---------------------------------------------------------------------------
 
@@ -220,15 +188,11 @@ class RocketMQSession(ConsumeRequests, ProduceRequests):
         # at once on TOPIC_NOT_EXIST (notes 4.1). TBW102 is Java's template topic, which a
         # real nameserver does not know either.
         if not valid_topic(topic) or topic == "TBW102":
-            return self.error(
-                request,
-                ResponseCode.TOPIC_NOT_EXIST,
+            raise rq.BadRequest(
                 f"No topic route info in name server for the topic: {topic[:140]}",
+                ResponseCode.TOPIC_NOT_EXIST,
             )
-        return self.ok(request, body=self.server.route(topic))
+        return ok(request, body=self.server.route(topic))
 
     def _cluster_info(self, request: Request) -> bytes:
-        return self.ok(request, body=self.server.cluster_info())
-
-    def _ok(self, request: Request) -> bytes:
-        return self.ok(request)
+        return ok(request, body=self.server.cluster_info())
