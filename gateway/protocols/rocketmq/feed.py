@@ -206,8 +206,7 @@ class GroupFeed:
             position += 1
             if not subscription.matches(entry.tag):
                 continue
-            delivery = query.reservation(self.group, entry.message.id)
-            if delivery is None or delivery.consumer is not consumer:
+            if query.deadline(self.group, entry.message.id, consumer) is None:
                 continue  # the group dropped it meanwhile (an operator emptied it)
             body = len(entry.message.body)
             if records and size + body > max_bytes:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from gateway.broker import Broker, Group, query
+from gateway.broker import Broker, Group
 from gateway.metrics import Metrics
 from gateway.model import Message
 from gateway.protocols.rocketmq.feed import GroupFeed
@@ -324,5 +324,5 @@ class RocketMQServer:
         return messages
 
     def dead_letter_group(self, group: str) -> Group | None:
-        topic = query.topic(self.broker, dlq_topic(group))
-        return query.group(topic, group) if topic is not None else None
+        topic = self.broker.topic(dlq_topic(group), create=False)
+        return topic.group(group, create=False) if topic is not None else None
