@@ -55,9 +55,7 @@ class Group:
         self.deleted = False
         self.ready = ReadyQueue()
         self._now = topic.broker.now  # Trio's clock (see Broker.now)
-        self.journal = (
-            NULL_JOURNAL if ephemeral or topic.ephemeral else topic.broker.messages_journal
-        )
+        self.journal = NULL_JOURNAL if ephemeral else topic.journal
         self.deferred: list[tuple[float, int, Message]] = []  # heap by deliver_at
         self.in_flight: dict[int, InFlight] = {}
         self.buried: dict[int, Message] = {}  # insertion order = burial order, kick takes oldest
