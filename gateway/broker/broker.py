@@ -164,9 +164,6 @@ class Broker:
                 await self._timer_changed.wait()
             self._timer_changed = trio.Event()
 
-    def ack_latency_for(self, protocol: str) -> Histogram:
-        return self.ack_latency.setdefault(protocol, Histogram())
-
     def schedule(self, group: Group, when: float) -> None:
         """Ask for `group.on_timer` at `when` (only ever moves a group's wake-up earlier)."""
         group.next_wake = when

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.archive import events
-from gateway.broker import stats
 from gateway.broker.deadlines import Deadlines
 from gateway.broker.journal import NULL_JOURNAL
 from gateway.broker.members import Consumer, InFlight, Outcome, Sink
@@ -112,9 +111,6 @@ class Group:
     @property
     def finish_count(self) -> int:
         return sum(counts[ACKNOWLEDGED] for counts in self.by_protocol.values())
-
-    def counts_for(self, protocol: str) -> list[int]:
-        return self.by_protocol.setdefault(protocol, [0] * len(stats.COUNTS))
 
     def attach(self, sink: Sink, timeout: float) -> Consumer:
         consumer = Consumer(self, sink, timeout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.broker.stats import COUNTS, Histogram
 from gateway.model import Message
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ class Consumer:
         self.sink = sink
         protocol = getattr(sink, "protocol", "other")
         # this consumer's protocol's counters in the group, and its ack-latency histogram
-        self.counts = group.counts_for(protocol)
-        self.latency = group.topic.broker.ack_latency_for(protocol)
+        self.counts = group.by_protocol.setdefault(protocol, [0] * len(COUNTS))
+        self.latency = group.topic.broker.ack_latency.setdefault(protocol, Histogram())
         self.latency_samples = self.latency.samples  # appended to, folded by the histogram
         # seconds a delivery may stay in flight (unless the message has a ttr)
         self.timeout = timeout
