@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
@@ -104,25 +105,18 @@ class Owed:
         self.count = 0
 
 
+@dataclass(slots=True, eq=False)
 class Recorder:
     """One group's door for the calls made on every message (a publish into this group
     alone, a delivery, a finish): the store's methods bound once, so that a hot path
     makes one call. A local store is told no deadline (its record says "ready, attempt
     counted"), so a local group's recorder has no time to convert."""
 
-    __slots__ = ("delivered", "delivered_all", "finished", "put")
-
-    def __init__(
-        self,
-        put: Callable[[Sequence[Message], float], None],
-        delivered: Callable[[InFlight], None],
-        delivered_all: Callable[[Iterable[InFlight]], None],
-        finished: Callable[[Message], None],
-    ) -> None:
-        self.put = put  # `due` already wall-clock: Journal.put converts it
-        self.delivered = delivered
-        self.delivered_all = delivered_all
-        self.finished = finished
+    # `due` already wall-clock: Journal.put converts it
+    put: Callable[[Sequence[Message], float], None]
+    delivered: Callable[[InFlight], None]
+    delivered_all: Callable[[Iterable[InFlight]], None]
+    finished: Callable[[Message], None]
 
     def touched(self, message: Message, deadline: float) -> None:
         """A delivery's deadline moved: a local store keeps none."""
