@@ -92,6 +92,7 @@ def journal_for(broker: Broker, store: Store, window: int) -> Journal:
     return Journal(store, window if store.pages else 0)
 
 
+@dataclass(slots=True, eq=False)
 class Owed:
     """How many records so far must be durable before the reply to what made them: every
     put, and with a store several gateways share every change (what one gateway answered
@@ -99,10 +100,7 @@ class Owed:
     after a command: when it moved, the command's reply waits for the commit (the
     connection shell's reply gate). One integer compare per command."""
 
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
+    count: int = 0
 
 
 @dataclass(slots=True, eq=False)
