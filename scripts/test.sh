@@ -50,5 +50,11 @@ log "ruff"
 "$VENV/bin/ruff" check gateway tests bench
 "$VENV/bin/ruff" format --check gateway tests bench
 
+# The suite starts the gateway and Python clients in a few hundred subprocesses; with
+# bytecode written once here, none of them compiles the sources again (a shell with
+# PYTHONDONTWRITEBYTECODE set would otherwise make every one of them do it, ~0.4 s each).
+log "compileall"
+"$VENV/bin/python" -m compileall -q -x node_modules gateway tests bench >/dev/null
+
 log "pytest"
 exec "$VENV/bin/python" -m pytest "$@"
