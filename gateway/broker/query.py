@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import heapq
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
@@ -359,7 +359,10 @@ def locate_in(
 ) -> Located | None:
     """Look for `msg_id` in each topic's view as `view_of` picks it (None: skip the
     topic), topics in creation order; the first hit wins."""
-    views = _views(broker, view_of)
+    return _locate_any(_views(broker, view_of), msg_id)
+
+
+def _locate_any(views: Iterable[View], msg_id: int) -> Located | None:
     return next((got for v in views if (got := locate(v, msg_id)) is not None), None)
 
 
@@ -408,10 +411,12 @@ async def find(
 
 
 async def _find(broker: Broker, views: list[View], msg_id: int) -> Located | None:
-    found = next((got for v in views if (got := locate(v, msg_id)) is not None), None)
-    where = dict(stored for v in views if (stored := _stored(v)) is not None)
-    if found is not None or not where:
+    found = _locate_any(views, msg_id)
+    if found is not None:
         return found
+    where = dict(stored for v in views if (stored := _stored(v)) is not None)
+    if not where:
+        return None
     hit = await broker.journal.find([(t, [g]) for t, g in where.items()], msg_id)
     return _located(hit, hit.topic, where[hit.topic] or None) if hit is not None else None
 

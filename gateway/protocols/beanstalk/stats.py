@@ -31,9 +31,12 @@ def _job_counts(counts: query.Counts) -> Pairs:
 
 def stats_tube(server: BeanstalkServer, tube: str, view: Group | Topic | None) -> Pairs:
     now = trio.current_time()
-    counts = query.counts(view, now) if view is not None else query.NO_COUNTS
     topic = query.topic(server.broker, tube)
     group = query.group(server.broker, tube, server.group_name, now=now)  # if view is one
+    if group is not None:
+        counts = group.counts
+    else:  # the backlog of a topic with no group yet, or no tube of ours
+        counts = query.counts(view, now) if view is not None else query.NO_COUNTS
     waiting = sum(1 for s in server.sessions if s.waiting and tube in s.watched)
     paused = group.pause_length if group is not None else 0
     left = int(group.pause_left) if group is not None and paused else 0
