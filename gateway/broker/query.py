@@ -287,6 +287,12 @@ def _due_order(msg: Message) -> tuple[float, int]:
     return msg.deliver_at, msg.id
 
 
+def spilled(g: Group) -> int:
+    """Ready messages of a group a durable store keeps on disk past the memory window:
+    ready for a consumer all the same (the pager brings them in)."""
+    return g.queue.spilled
+
+
 def ready_head(g: Group) -> tuple[int, int] | None:
     """(priority, id) of the ready message delivered next: what a beanstalkd reserve
     over several tubes compares, asked per tube and per reserve, so no copy is made."""

@@ -37,6 +37,7 @@ log = logging.getLogger("gateway.beanstalk")
 
 _RECEIVE_SIZE = 65536
 _SAFETY_MARGIN = 1.0  # beanstalkd's DEADLINE_SOON margin, seconds
+_PAGE_IN_WAIT = 10.0  # seconds a reserve-with-timeout 0 waits for jobs paged in from disk
 _MAX_BUFFERED_WHILE_WAITING = 1024 * 1024  # pipelined input kept while a reserve blocks
 
 
@@ -264,7 +265,11 @@ class BeanstalkSession:
         if soon <= now:
             return bc.DEADLINE_SOON
         if timeout == 0:
-            return bc.TIMED_OUT
+            if not self._on_disk(now):
+                return bc.TIMED_OUT
+            # ready jobs past the memory window are on their way in from disk: they are
+            # ready, as every job of beanstalkd's is, so the reserve waits for them
+            timeout = _PAGE_IN_WAIT
         await self.conn.flush()  # the client sees earlier replies while this one waits
         until = min(soon, now + timeout if timeout is not None else math.inf)
         wait = self._wait = _Wait()
@@ -321,6 +326,14 @@ class BeanstalkSession:
         if best_group is None:
             return None
         return best_group.take(self._consumer(best_group.topic.name, best_group))
+
+    def _on_disk(self, now: float) -> bool:
+        """Whether a watched, unpaused tube has ready jobs on disk only (paged in soon)."""
+        for tube in self.watched:
+            group = self._consumer(tube).group
+            if query.spilled(group) and not group.is_paused(now):
+                return True
+        return False
 
     def _deadline_soon_at(self) -> float:
         """When the first job this connection holds enters the safety margin."""
