@@ -1,20 +1,24 @@
-"""The durable embedded store: SQLite in WAL mode, one transaction per group commit.
+"""The durable embedded store: an append-only log written on the event loop, and a SQLite
+index brought up to date from it in the background.
 
-Why SQLite (docs/storage.md has the figures): a B-tree gives the two things a queue on disk
-needs besides appending, paging a group's ready messages in (priority, id) order and
-reclaiming the space of finished ones, without an index of our own in memory; WAL mode
-makes a commit one sequential append to the log. The recording calls only queue small
-tuples on the event loop; a committer task hands everything queued since its last commit
-to a worker thread, which writes it in one transaction (group commit), so disk I/O never
-runs on the event loop and many publishes share one write and one fsync.
+The write path (docs/storage.md): the recording calls append small tuples of plain data,
+the log's records, on the event loop. A flush encodes everything recorded during one pass
+of the scheduler, by every connection, into one frame and writes it to the log with one
+`os.write()` (log.py); only then do that pass's acknowledgements leave. A write to the page
+cache is a memory copy, so the acknowledgement path has no thread hop and killing the
+process loses nothing acknowledged.
 
-fsync policy (beanstalkd's -f): "always" is synchronous=FULL (the WAL is fsynced at every
-commit, before any publish in it is acknowledged); an interval in ms is synchronous=NORMAL
-(every commit is written to the OS before its publishes are acknowledged, so kill -9 loses
-nothing) plus an fsync of the WAL at least that often; "never" leaves it to the OS.
+fsync policy (beanstalkd's -f, Redis's appendfsync): an interval in ms (the default, 50)
+fsyncs the log on a thread of its own at least that often; "always" answers a publish only
+after the fsync that covers it (group commit: every flush waiting at that moment shares
+one, and the event loop keeps serving meanwhile); "never" leaves it to the OS.
 
-The tables and the thread's side of writing and reading are in sqlite_sql.py. A topic's
-backlog is a group row without a name.
+The index (SQLite in WAL mode; the tables and the thread's side are in sqlite_sql.py) is
+what deep queues page from and what recovery starts from. A worker thread applies the
+log's records to it many at a time (a message published and finished before its records
+reach the index is never written there), each transaction noting the log position it
+holds up to; segments it holds, once it is synced, are deleted. Recovery: the index, then
+the log after that position, replayed into it; a torn tail is cut at the last good record.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Literal
 
 import trio
 
-from gateway.model import Message, Publish
+from gateway.model import Message
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Key,
@@ -39,6 +43,7 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
+from gateway.stores.log import Log, Position, encode, replay, segments
 from gateway.stores.sqlite_open import TopicIds, lock_data_dir, recover
 from gateway.stores.worker import Worker
 
@@ -46,10 +51,18 @@ log = logging.getLogger("gateway.store")
 
 FsyncPolicy = Literal["always", "never"] | int
 
-_RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed commit
+_RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed write
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
 _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
 _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
+# The index is brought up to date when this much is waiting for it, or this long after
+# the oldest record it lacks: long enough that most messages of a busy queue are published
+# and finished before their records get there (and so are never written to it), short
+# enough that the records held in memory stay bounded and a restart replays little.
+_APPLY_BYTES = 8 * 1024 * 1024
+_APPLY_RECORDS = 50_000
+_APPLY_AGE = 0.5
+_REPLAY_RECORDS = 50_000  # records per transaction when a restart replays the log
 
 
 class SQLiteStore(Store):
@@ -58,26 +71,47 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: FsyncPolicy = 50) -> None:
         self.path = Path(path)
+        self.log_dir = Path(f"{self.path}-log")
         self.where = str(self.path)
         self.fsync = fsync
         self._db: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
-        self._wal_fd: int | None = None
+        self._log: Log | None = None
         self._topics: dict[str, TopicIds] = {}
         self._next_tid = 1
         self._next_gid = 1
-        self._ops: list[tuple[Any, ...]] = []
-        self._recorded = 0  # ops recorded so far
-        self._committed = 0  # ops written so far
-        self._wake = trio.Event()
-        self._committed_event = trio.Event()
-        self._worker = Worker(f"store {self.path.name}")  # all of the connection's work
-        self._unsynced = False
-        self._committing = False
-        self._write_done: list[tuple[Any, ...]] | None = None  # the last ops written
-        self._last_fsync = 0.0
-        self._stats = StoreStats()
         self._id_ceiling = 0
+        # recorded, not yet in the log
+        self._ops: list[tuple[Any, ...]] = []
+        self._recorded = 0  # records made so far
+        self._shaped = 0  # ... up to the last that adds messages or changes topics, groups
+        self._applied = 0  # ... up to the last the index holds
+        self._written = 0  # records in the log so far
+        self._written_pos: Position = (0, 0)  # the log's end after the last write
+        self._writer_due = False  # a flusher writes at its next turn, for the whole pass
+        self._written_event = trio.Event()
+        self._wake = trio.Event()  # set by the first record after a write
+        # in the log, not yet in the index: the frames' records, their size, the position
+        # the last one ends at, and when (Trio clock) the oldest was written
+        self._unapplied: list[list[tuple[Any, ...]]] = []
+        self._unapplied_bytes = 0
+        self._unapplied_records = 0
+        self._unapplied_pos: Position = (0, 0)
+        self._unapplied_upto = 0  # records made up to the last one written
+        self._unapplied_since = 0.0
+        self._applying = False
+        self._apply_done: object = None  # the last records the index thread applied
+        self._applied_event = trio.Event()
+        self._apply_wake = trio.Event()
+        self._synced_pos: Position = (0, 0)  # the log is fsynced up to here
+        self._syncing = False
+        self._synced_event = trio.Event()
+        self._unsynced = trio.Event()  # set by a write while the log is all synced
+        self._log_failed: StoreError | None = None
+        self._index_failed: StoreError | None = None
+        self._worker = Worker(f"store {self.path.name}")  # the index's connection
+        self._syncer = Worker(f"store {self.path.name} fsync")  # the log's fsyncs
+        self._stats = StoreStats()
 
     # -- opening ---------------------------------------------------------------
 
@@ -92,10 +126,10 @@ class SQLiteStore(Store):
         self._lock()
         wal = Path(f"{self.path}-wal")
         if wal.exists() and wal.stat().st_size > 0:
-            # a crash left a log behind: SQLite replays its committed frames and drops a
-            # torn tail (each frame carries a checksum), so nothing is to be done but say so
+            # SQLite replays its committed frames and drops a torn tail (each frame
+            # carries a checksum): nothing to do but say so
             log.warning(
-                "store %s: recovering from a write-ahead log of %d bytes left by an unclean stop",
+                "store %s: the index's write-ahead log (%d bytes) was left by an unclean stop",
                 self.path,
                 wal.stat().st_size,
             )
@@ -106,8 +140,10 @@ class SQLiteStore(Store):
             # shared-memory WAL index and no file locking on every transaction
             db.execute("PRAGMA locking_mode = EXCLUSIVE")
             db.execute("PRAGMA journal_mode = WAL")
-            sync = {"always": "FULL", "never": "OFF"}.get(str(self.fsync), "NORMAL")
-            db.execute(f"PRAGMA synchronous = {sync}")
+            # the log makes acknowledgements durable; the index only has to stay whole
+            # (NORMAL: its WAL is fsynced at checkpoints), and it is synced before any
+            # segment it holds is deleted
+            db.execute("PRAGMA synchronous = NORMAL")
             # the WAL file is cut back after checkpoints, so finished work gives space back
             db.execute("PRAGMA journal_size_limit = 16777216")
             db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
@@ -122,12 +158,52 @@ class SQLiteStore(Store):
             db.execute(sql.DROP_TRIGGER)
             db.execute(f"PRAGMA user_version = {sql.VERSION}")
             self._db = db
-            return self._recover(db, window)
+            held = self._replay(db)
+            state = self._recover(db, window)
+            # a new segment on every start, numbered past the index's position: positions
+            # only grow, even where a power cut left the log shorter than the index
+            on_disk = segments(self.log_dir) if self.log_dir.is_dir() else []
+            first = max([held[0], *on_disk]) + 1
+            if on_disk:
+                # the index holds every segment on disk: synced, they can go
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self._log = Log(self.log_dir, first)
+            self._log.retire(first)
+            self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
+            self._stats.disk_bytes = self._disk_bytes()
+            return state
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"store {self.path}: cannot open: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"store {self.path}: cannot open its log: {exc}") from exc
 
     def _lock(self) -> None:
         self._lock_fd = lock_data_dir(self.path)
+
+    def _replay(self, db: sqlite3.Connection) -> Position:
+        """Apply the log's records the index lacks; returns the position it holds now."""
+        rows = dict(db.execute(sql.GET_LOG_POSITION).fetchall())
+        held: Position = (rows.get("log_segment", 0), rows.get("log_offset", 0))
+        if not self.log_dir.is_dir():
+            return held
+        ops: list[tuple[Any, ...]] = []
+        frames = 0
+        for position, records in replay(self.log_dir, held):
+            ops += records
+            held = position
+            frames += 1
+            if len(ops) >= _REPLAY_RECORDS:
+                self._apply_sync([ops], held)
+                ops = []
+        if ops:
+            self._apply_sync([ops], held)
+        if frames:
+            log.warning(
+                "store %s: %d writes of the log replayed into the index (an unclean stop)",
+                self.path,
+                frames,
+            )
+        return held
 
     def _recover(self, db: sqlite3.Connection, window: int) -> StoredState:
         found = recover(db, window)
@@ -137,15 +213,23 @@ class SQLiteStore(Store):
         for t in self._topics.values():
             if t.backlog == 0:  # a topic whose backlog row is missing: make one
                 t.backlog = self._new_gid()
-                self._ops.append(("G+", t.backlog, t.id, None))
-                self._recorded += 1
+                self._record(("G+", t.backlog, t.id, None))
         self._stats.messages_on_disk = found.entries
-        self._stats.disk_bytes = self._disk_bytes()
         return found.state
 
     # -- recording (event loop, synchronous, cheap) ----------------------------
 
     def _record(self, op: tuple[Any, ...]) -> None:
+        """A record that adds messages or changes topics and groups: a page-in must find
+        it in the index (see load)."""
+        if not self._ops:
+            self._wake.set()
+        self._ops.append(op)
+        self._recorded += 1
+        self._shaped = self._recorded
+
+    def _record_change(self, op: tuple[Any, ...]) -> None:
+        """A record that changes or removes messages the broker holds in memory."""
         if not self._ops:
             self._wake.set()
         self._ops.append(op)
@@ -170,14 +254,9 @@ class SQLiteStore(Store):
             # ids past every reservation (a caller that reserves none): the largest one
             # is kept after its message is gone, so that ids never repeat
             self.reserve_ids(messages[-1].id)
-        # the per-group fields as they are now (a delivery may change them before the
-        # commit; that change is recorded on its own). One publish's are all alike: it is
-        # recorded before any group can deliver one of them.
-        if isinstance(messages, Publish):
-            fields = [(messages[0].priority, messages[0].attempts)] * len(messages)
-        else:
-            fields = [(m.priority, m.attempts) for m in messages]
-        self._record(("P", gids, messages, due, fields))
+        # the per-group fields as they are now: a delivery that changes them before the
+        # write is recorded on its own
+        self._record(sql.put_record(gids, messages, due))
 
     def update(
         self,
@@ -197,7 +276,7 @@ class SQLiteStore(Store):
         state = sql.BURIED if buried else sql.READY
         priority = message.priority
         was = priority if priority_was is None else priority_was
-        self._record(("U", (priority, message.attempts, due, state, gid, was, message.id)))
+        self._record_change(("U", (priority, message.attempts, due, state, gid, was, message.id)))
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         t = self._topics.get(topic)
@@ -205,7 +284,7 @@ class SQLiteStore(Store):
             return
         gid = t.backlog if group is None else t.groups.get(group)
         if gid is not None:
-            self._record(("D", gid, [(m.priority, m.id) for m in messages]))
+            self._record_change(("D", gid, [(m.priority, m.id) for m in messages]))
 
     def add_topic(self, topic: str) -> None:
         if topic not in self._topics:
@@ -266,142 +345,234 @@ class SQLiteStore(Store):
             self._id_ceiling = ceiling
             self._record(("R", ceiling))
 
-    # -- committing ------------------------------------------------------------
+    # -- the write path: the log, on the event loop ----------------------------
+
+    @property  # type: ignore[override]
+    def failed(self) -> StoreError | None:
+        """Set while the log or the index cannot be written: publishes are refused."""
+        return self._log_failed or self._index_failed
 
     async def flush(self) -> None:
-        # Group commit, leader style: the first flusher with nothing being written writes
-        # everything recorded so far; those who come while it writes wait for the next
-        # commit, which then carries all of their records at once.
+        # One write per pass of the scheduler: the first flusher with records to write
+        # lets the other tasks of this pass run (and record theirs) before it writes them
+        # all; those who come meanwhile wait for that write.
         target = self._recorded
-        while self._committed < target:
+        while self._written < target:
             if self.failed is not None:
                 raise self.failed
-            if self._committing:
-                await self._committed_event.wait()
-            else:
-                await self._commit()
+            if self._writer_due:
+                await self._written_event.wait()
+                continue
+            self._writer_due = True
+            try:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            finally:
+                self._writer_due = False
+            self._write()
+        if self.fsync == "always" and self._synced_pos < self._written_pos:
+            await self._synced_through(self._written_pos)
         # no checkpoint when there is nothing to wait for: the publish hot path
 
+    def _write(self) -> None:
+        """Everything recorded so far, in one frame, with one write (event loop)."""
+        ops = self._ops
+        try:
+            if not ops:
+                return
+            assert self._log is not None
+            started = time.perf_counter()
+            frame = encode(ops)
+            try:
+                position = self._log.write(frame)
+            except OSError as exc:
+                self._stats.write_errors += 1
+                first = self._log_failed is None
+                self._log_failed = StoreError(f"store {self.path}: write failed: {exc}")
+                if first:
+                    log.error("%s; publishes are refused until writes succeed again", self.failed)
+                return
+            self._ops = []
+            self._written = self._recorded
+            if self._synced_pos >= self._written_pos:
+                self._unsynced.set()
+            self._written_pos = position
+            if not self._unapplied:
+                self._unapplied_since = trio.current_time()
+            self._unapplied.append(ops)
+            self._unapplied_bytes += len(frame)
+            self._unapplied_records += len(ops)
+            self._unapplied_pos = position
+            self._unapplied_upto = self._written
+            if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
+                self._apply_wake.set()
+            self._stats.commit_seconds.append(time.perf_counter() - started)
+            self._stats.commits += 1
+            if self._log_failed is not None:
+                log.warning("store %s: writes succeed again", self.path)
+                self._log_failed = None
+        finally:
+            event, self._written_event = self._written_event, trio.Event()
+            event.set()
+
+    async def _synced_through(self, position: Position) -> None:
+        """Return once the log is fsynced up to `position` (group commit: a flush that
+        comes while an fsync runs waits for the next one, which covers it and every other
+        that came meanwhile)."""
+        while self._synced_pos < position:
+            if self.failed is not None:
+                raise self.failed
+            if self._syncing:
+                await self._synced_event.wait()
+            else:
+                await self._sync()
+
+    async def _sync(self) -> None:
+        assert self._log is not None
+        self._syncing = True
+        try:
+            position = await self._syncer.run(self._log.sync)
+        except OSError as exc:
+            self._stats.write_errors += 1
+            first = self._log_failed is None
+            self._log_failed = StoreError(f"store {self.path}: fsync failed: {exc}")
+            if first:
+                log.error("%s; publishes are refused until writes succeed again", self.failed)
+            return
+        finally:
+            self._syncing = False
+            event, self._synced_event = self._synced_event, trio.Event()
+            event.set()
+        self._synced_pos = max(self._synced_pos, position)
+        self._stats.fsyncs += 1
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Background commits (records nobody awaits), the fsync timer of an interval
-        policy, and space reclaim."""
-        task_status.started()
+        """The store's background work: writing records nobody awaits (finishes,
+        deliveries), the fsync timer of an interval policy, and the index."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop)
+            if isinstance(self.fsync, int) and not isinstance(self.fsync, bool):
+                nursery.start_soon(self._sync_loop, self.fsync / 1000)
+            nursery.start_soon(self._index_loop)
+            task_status.started()
+
+    async def _write_loop(self) -> None:
         retry = _RETRY_FIRST
-        interval = self.fsync / 1000 if isinstance(self.fsync, int) else None
-        next_maintenance = trio.current_time() + _MAINTAIN_IDLE
         while True:
             if not self._ops:
-                wake_at = next_maintenance
-                if interval is not None and self._unsynced:
-                    # the WAL must reach the disk within the interval of the first commit
-                    # it has not fsynced yet
-                    wake_at = min(
-                        wake_at,
-                        trio.current_time()
-                        + max(0.0, self._last_fsync + interval - time.monotonic()),
-                    )
-                with trio.move_on_at(wake_at):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-            if self._ops and not self._committing:
-                # records nobody waits for (finishes, deliveries): let a few milliseconds'
-                # worth gather into one commit; a publish's flush commits at once anyway
-                await trio.sleep(_BACKGROUND_DELAY)
-            if self._committing:
-                await self._committed_event.wait()
-            elif self._ops:
-                if await self._commit():
+                await self._wake.wait()
+            self._wake = trio.Event()
+            # records nobody waits for: let a few milliseconds' worth gather into one
+            # write (a publish's flush writes at once anyway); a failing disk: back off
+            await trio.sleep(_BACKGROUND_DELAY if self._log_failed is None else retry)
+            if self._ops and not self._writer_due:
+                self._write()
+            retry = _RETRY_FIRST if self._log_failed is None else min(retry * 2, _RETRY_MAX)
+
+    async def _sync_loop(self, interval: float) -> None:
+        """fsync the log at least every `interval` seconds while it has unsynced writes."""
+        last = trio.current_time()
+        while True:
+            if self._synced_pos >= self._written_pos:
+                await self._unsynced.wait()
+                self._unsynced = trio.Event()
+            await trio.sleep_until(last + interval)
+            last = trio.current_time()
+            if not self._syncing:
+                await self._sync()
+
+    # -- the index: brought up to date from the log, off the event loop ------------
+
+    async def _index_loop(self) -> None:
+        retry = _RETRY_FIRST
+        next_maintenance = trio.current_time() + _MAINTAIN_IDLE
+        while True:
+            wake_at = next_maintenance
+            if self._unapplied:
+                wake_at = min(wake_at, self._unapplied_since + _APPLY_AGE)
+            with trio.move_on_at(wake_at):
+                await self._apply_wake.wait()
+            self._apply_wake = trio.Event()
+            if self._unapplied and not self._applying:
+                if await self._apply():
                     retry = _RETRY_FIRST
                 else:
                     await trio.sleep(retry)  # a failing disk: try again, backing off
                     retry = min(retry * 2, _RETRY_MAX)
                     continue
-            if (
-                interval is not None
-                and self._unsynced
-                and time.monotonic() - self._last_fsync >= interval
-            ):
-                with contextlib.suppress(OSError):
-                    await self._in_thread(self._fsync_wal)
             if trio.current_time() >= next_maintenance:
                 freed = False
                 with contextlib.suppress(sqlite3.Error, OSError):
-                    freed = await self._in_thread(self._maintain)
+                    freed = await self._worker.run(self._maintain)
                 # while there is much to give back, a slice every second
                 next_maintenance = trio.current_time() + (
                     _MAINTAIN_BUSY if freed else _MAINTAIN_IDLE
                 )
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await self._worker.run(fn, *args)
-
-    async def _commit(self) -> bool:
-        ops, self._ops = self._ops, []
-        upto = self._recorded
-        started = time.perf_counter()
-        self._committing = True
+    async def _apply(self) -> bool:
+        """Apply everything the log holds that the index lacks, in one transaction."""
+        if self._applying:
+            await self._applied_event.wait()
+            return self._index_failed is None
+        frames, self._unapplied = self._unapplied, []
+        position, upto = self._unapplied_pos, self._unapplied_upto
+        size, records = self._unapplied_bytes, self._unapplied_records
+        self._unapplied_bytes = self._unapplied_records = 0
+        self._applying = True
         try:
-            # not abandoned on cancel: a commit that started always finishes
-            await self._in_thread(self._write, ops)
+            # not abandoned on cancel: an apply that started always finishes
+            await self._worker.run(self._apply_sync, frames, position)
         except BaseException as exc:
-            if self._write_done is not ops:
-                self._ops[:0] = ops  # not written: kept, in order, for the next try
+            if self._apply_done is not frames:  # not applied: kept, in order, for a retry
+                self._unapplied[:0] = frames
+                self._unapplied_bytes += size
+                self._unapplied_records += records
+                if len(self._unapplied) == len(frames):
+                    self._unapplied_since = trio.current_time()
             if not isinstance(exc, sqlite3.Error | OSError):
-                raise  # cancelled before the thread started: someone else commits them
+                raise
             self._stats.write_errors += 1
-            first = self.failed is None
-            self.failed = StoreError(f"store {self.path}: write failed: {exc}")
+            first = self._index_failed is None
+            self._index_failed = StoreError(f"store {self.path}: index write failed: {exc}")
             if first:
                 log.error("%s; publishes are refused until writes succeed again", self.failed)
             return False
         finally:
-            self._committing = False
-            self._wake_flushers()
-        if self.failed is not None:
-            log.warning("store %s: writes succeed again", self.path)
-            self.failed = None
-        self._stats.commit_seconds.append(time.perf_counter() - started)
-        self._stats.commits += 1
-        if self.fsync == "always":
-            self._stats.fsyncs += 1
-        self._committed = upto
+            self._applying = False
+            event, self._applied_event = self._applied_event, trio.Event()
+            event.set()
+        self._applied = max(self._applied, upto)
+        if self._index_failed is not None:
+            log.warning("store %s: index writes succeed again", self.path)
+            self._index_failed = None
         return True
 
-    def _wake_flushers(self) -> None:
-        event, self._committed_event = self._committed_event, trio.Event()
-        event.set()
-
-    # -- the worker thread's side ------------------------------------------------
-
-    def _write(self, ops: list[tuple[Any, ...]]) -> None:
+    def _apply_sync(self, frames: list[list[tuple[Any, ...]]], position: Position) -> None:
+        """The index thread's side: one transaction with the frames' records and the log
+        position they end at; then the segments the index now holds go, once it is synced."""
         db = self._db
         assert db is not None
         if db.in_transaction:
-            # a failed write whose ROLLBACK failed too (an I/O error): its changes are
-            # kept in _ops and come again; without this, every BEGIN would fail for ever
+            # a failed apply whose ROLLBACK failed too (an I/O error): its records are
+            # kept and come again; without this, every BEGIN would fail for ever
             db.execute("ROLLBACK")
+        ops = frames[0] if len(frames) == 1 else [op for frame in frames for op in frame]
         db.execute("BEGIN")
         try:
             delta = sql.apply(db, ops)
+            db.executemany(sql.SET_META, zip(sql.LOG_KEYS, position, strict=True))
             db.execute("COMMIT")
-            self._write_done = ops
+            self._apply_done = frames
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             raise
-        self._unsynced = self.fsync != "always" and self.fsync != "never"
         self._stats.messages_on_disk += delta
-
-    def _fsync_wal(self) -> None:
-        if self._wal_fd is None:
-            try:
-                self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
-            except FileNotFoundError:
-                return
-        os.fsync(self._wal_fd)
-        self._last_fsync = time.monotonic()
-        self._unsynced = False
-        self._stats.fsyncs += 1
+        log_ = self._log
+        if log_ is not None and position[0] > log_.oldest:
+            # the index must keep what the deleted segments held through a power cut:
+            # a checkpoint fsyncs its WAL, then its file
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            log_.retire(position[0])
 
     def _maintain(self) -> bool:
         """Give finished messages' pages back to the file system, a bounded amount at a
@@ -418,15 +589,26 @@ class SQLiteStore(Store):
         return free > _VACUUM_PAGES // 4
 
     def _disk_bytes(self) -> int:
-        total = 0
+        total = self._log.size() if self._log is not None else 0
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(OSError):
                 total += os.stat(f"{self.path}{suffix}").st_size
         return total
 
-    async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
-        # what was spilled may still be only recorded: the read must see it
+    async def _caught_up(self, upto: int) -> None:
+        """Return once the index holds every record up to the `upto`th."""
         await self.flush()
+        while self._applied < upto:
+            if not await self._apply():
+                assert self.failed is not None
+                raise self.failed
+
+    async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
+        # what was spilled may be only in the log so far: the read must see its put.
+        # Changes to messages need not be there: a spilled message is on disk only, so
+        # nothing delivered, changed or finished it (those records would be stale here
+        # for messages in memory, which a page-in never reads).
+        await self._caught_up(self._shaped)
         t = self._topics.get(topic)
         gid = t.groups.get(group) if t is not None else None
         if gid is None:
@@ -438,7 +620,7 @@ class SQLiteStore(Store):
         db = self._db
         assert db is not None
         args = (gid, after[0], after[1], limit)
-        return await self._in_thread(sql.select, db, topic, where, args)
+        return await self._worker.run(sql.select, db, topic, where, args)
 
     def stats(self) -> StoreStats:
         stats = self._stats
@@ -452,22 +634,25 @@ class SQLiteStore(Store):
         return stats
 
     async def close(self) -> None:
-        """Write what is left (a few tries while the disk fails), then close. Raises
+        """Write what is left to the log and the index (a few tries while the disk
+        fails), then close; the log is emptied once the index holds it all. Raises
         StoreError naming what could not be written."""
         try:
             if self._db is None:
                 return
             retry = _RETRY_FIRST
             for _ in range(4):
-                while self._committing:
-                    await self._committed_event.wait()
-                if not self._ops or await self._commit():
+                with contextlib.suppress(StoreError):
+                    await self._caught_up(self._recorded)
+                if not self._ops and not self._unapplied:
                     break
+                self._log_failed = self._index_failed = None  # try again
                 await trio.sleep(retry)
                 retry *= 2
             lost = len(self._ops)
-            await self._in_thread(self._close_sync)
+            await self._worker.run(self._close_sync, not self._unapplied)
             self._worker.stop()
+            self._syncer.stop()
             if lost:
                 raise StoreError(f"store {self.path}: {lost} changes could not be written")
         finally:
@@ -475,14 +660,19 @@ class SQLiteStore(Store):
                 os.close(self._lock_fd)
                 self._lock_fd = None
 
-    def _close_sync(self) -> None:
-        db = self._db
-        self._db = None
-        if db is None:
-            return
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        db.close()
-        if self._wal_fd is not None:
-            os.close(self._wal_fd)
-            self._wal_fd = None
+    def _close_sync(self, indexed: bool) -> None:
+        db, self._db = self._db, None
+        log_, self._log = self._log, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            db.close()
+        if log_ is not None:
+            if indexed:
+                # the index holds everything, checkpointed: the log has nothing left
+                log_.close()
+                log_.remove()
+            else:
+                with contextlib.suppress(OSError):
+                    log_.sync()
+                log_.close()

@@ -77,11 +77,48 @@ _PUT_LONG_RUN = (
     " INSERT INTO entries SELECT ?, ?, ? + i, ?, ?, ?, 0 FROM k"
 )
 
-# An op is a tuple queued on the event loop: ("P", gids, messages, due, [(priority,
-# attempts)]), ("U", (priority, attempts, due, state, gid, priority_was, id)),
+# An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
+# ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
+# messages with consecutive ids into groups `gids`; `fields` is None when every message has
+# (priority, attempts), else one (priority, attempts) per message; `batch` is the batch
+# row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end, ends or
+# None for one message). ("U", (priority, attempts, due, state, gid, priority_was, id)),
 # ("D", gid, [(priority, id)]), or a structural one (see `_structural`).
 Op = tuple[Any, ...]
-_Put = tuple[tuple[int, ...], Sequence[Message], float, list[tuple[int, int]]]
+_Put = tuple[Any, ...]
+
+LOG_KEYS = ("log_segment", "log_offset")  # meta: the log position the index holds up to
+GET_LOG_POSITION = "SELECT key, value FROM meta WHERE key IN ('log_segment', 'log_offset')"
+SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+
+
+def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -> Op:
+    """The log record of one publish (event loop side: a join of the bodies and a few
+    fields; a publish's messages share all but their bodies and ids)."""
+    first = messages[0]
+    n = len(messages)
+    if isinstance(messages, Publish):
+        fields = None
+        raw = messages.bodies
+    else:
+        fields = [(m.priority, m.attempts) for m in messages]
+        if fields.count(fields[0]) == n:
+            fields = None
+        raw = [m.body for m in messages]
+    if n == 1:
+        bodies = first.body if type(first.body) is bytes else bytes(first.body)
+        ends = None
+    else:
+        bodies = b"".join(raw)
+        ends = array("I", accumulate(map(len, raw))).tobytes()
+    headers = json.dumps(first.headers) if first.headers else None
+    block = first.header_block
+    if block is not None and type(block) is not bytes:
+        block = bytes(block)
+    batch = (
+        first.timestamp, first.ttr, first.origin, first.reply_to, headers, block, bodies, ends
+    )  # fmt: skip
+    return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
 def select(db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...]) -> list[Message]:
@@ -148,46 +185,48 @@ def _run(
     long_runs = []
     entry_rows = []  # entries one by one, where some of a publish's are not written
     written = 0
-    for gids, msgs, due, fields in puts:
-        first = msgs[0]
-        n = len(msgs)
-        priority, attempts = fields[0]
-        uniform = n == 1 or fields.count(fields[0]) == n  # one publish: always, in practice
+    for gids, first, n, due, priority, attempts, fields, batch in puts:
+        ids = range(first, first + n)
         refs = 0
         for gid in gids:
-            if gone is None or not any((gid, m.id) in gone for m in msgs):
-                if uniform and n <= _SEQ:
-                    runs.append((gid, priority, first.id, first.id, attempts, due, n))
-                elif uniform:
-                    long_runs.append((n, gid, priority, first.id, first.id, attempts, due))
+            if gone is None or not any((gid, i) in gone for i in ids):
+                if fields is None and n <= _SEQ:
+                    runs.append((gid, priority, first, first, attempts, due, n))
+                elif fields is None:
+                    long_runs.append((n, gid, priority, first, first, attempts, due))
                 else:
                     entry_rows += [
-                        (gid, p, m.id, first.id, a, due)
-                        for m, (p, a) in zip(msgs, fields, strict=True)
+                        (gid, p, i, first, a, due) for i, (p, a) in zip(ids, fields, strict=True)
                     ]
                 refs += n
                 continue
-            for m, (p, a) in zip(msgs, fields, strict=True):
-                if (gid, m.id) in gone:
-                    cancelled.add((gid, m.id))  # never written: nothing to delete either
+            each = fields or [(priority, attempts)] * n
+            for i, (p, a) in zip(ids, each, strict=True):
+                if (gid, i) in gone:
+                    cancelled.add((gid, i))  # never written: nothing to delete either
                 else:
-                    entry_rows.append((gid, p, m.id, first.id, a, due))
+                    entry_rows.append((gid, p, i, first, a, due))
                     refs += 1
         written += refs
         if refs:
-            if n == 1:
-                bodies = first.body
-                ends = array("I", (len(bodies),))
-            else:
-                # a publish hands over its bodies as a list: no pass over the messages
-                raw = msgs.bodies if isinstance(msgs, Publish) else [m.body for m in msgs]
-                ends = array("I", accumulate(map(len, raw)))
-                bodies = b"".join(raw)
-            headers = json.dumps(first.headers) if first.headers else None
+            ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
+            if ends is None:
+                ends = array("I", (len(bodies),)).tobytes()
             batch_rows.append(
-                (first.id, msgs[-1].id, first.timestamp, first.ttr, first.origin,
-                 first.reply_to, headers, first.header_block, bodies, ends.tobytes(), refs)
-            )  # fmt: skip
+                (
+                    first,
+                    first + n - 1,
+                    ts,
+                    ttr,
+                    origin,
+                    reply_to,
+                    headers,
+                    block,
+                    bodies,
+                    ends,
+                    refs,
+                )
+            )
     if batch_rows:
         db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
     if runs:
@@ -229,25 +268,38 @@ def _run(
         by_key: dict[tuple[int, int], list[int]] = {}
         for gid, priority, i in deletes:
             by_key.setdefault((gid, priority), []).append(i)
-        removed = _delete(
-            db,
-            "grp=? AND priority=? AND id IN (SELECT value FROM json_each(?))",
-            [(*key, json.dumps(ids)) for key, ids in by_key.items()],
-        )
+        # consumers finish in about the order they were given: runs of consecutive ids
+        # go in one statement each
+        ranges = []
+        for (gid, priority), ids in by_key.items():
+            ids.sort()
+            start = prev = ids[0]
+            for i in ids:
+                if i > prev + 1:
+                    ranges.append((gid, priority, start, prev))
+                    start = i
+                prev = i
+            ranges.append((gid, priority, start, prev))
+        removed = _delete(db, "grp=? AND priority=? AND id BETWEEN ? AND ?", ranges)
     return written - removed
 
 
 def _delete(db: sqlite3.Connection, where: str, params: list[tuple[Any, ...]]) -> int:
     """Delete the entries `where` selects, once per row of `params`; returns how many
-    went. Their batches come back from the DELETE: each batch's `refs` goes down by its
-    count, and a batch none points at any more goes (its bodies with it)."""
+    went. Each batch's `refs` goes down by its count of them, and a batch none points at
+    any more goes (its bodies with it). The counts come from one grouped read before the
+    delete: a step into SQLite per batch, not per entry, as a DELETE ... RETURNING takes
+    (and each step releases and retakes the GIL)."""
     released: dict[int, int] = {}
     get = released.get
+    count = f"SELECT batch, count(*) FROM entries WHERE {where} GROUP BY batch"
+    delete = f"DELETE FROM entries WHERE {where}"
     n = 0
     for args in params:
-        for (batch,) in db.execute(f"DELETE FROM entries WHERE {where} RETURNING batch", args):
-            released[batch] = get(batch, 0) + 1
-            n += 1
+        for batch, k in db.execute(count, args):
+            released[batch] = get(batch, 0) + k
+            n += k
+        db.execute(delete, args)
     if released:
         rows = [(count, batch) for batch, count in released.items()]
         db.executemany("DELETE FROM batches WHERE refs <= ? AND id = ?", rows)

@@ -1,13 +1,15 @@
 """A durable store that cannot write (disk full, I/O error) at run time.
 
-The failure is injected where the disk would raise it: the store's commit in its worker
-thread raises the error SQLite raises on a full disk. Every protocol refuses the publish
+The failure is injected where the disk would raise it: the write of the store's log (on the
+event loop) raises what `write(2)` raises on a full disk, and the index's transaction (in its
+worker thread) what SQLite raises. Every protocol refuses the publish
 with its own failure reply, /ready turns 503, a metric counts the failures, nothing
 acknowledged before is harmed, and the gateway recovers by itself once writes succeed.
 """
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import time
 from pathlib import Path
@@ -22,18 +24,26 @@ from tests.helpers import RawBeanstalk, RawNSQ, be32, http_base, parse_message, 
 
 
 class Disk:
-    """Makes the store's commits fail while `full` is set."""
+    """Makes the store's writes fail while `full` is set: the log's and the index's."""
 
     def __init__(self, store: SQLiteStore) -> None:
         self.full = False
-        write = store._write
+        log = store._log
+        assert log is not None
+        write, apply = log.write, store._apply_sync
 
-        def failing_write(ops: list[tuple[Any, ...]]) -> None:
+        def failing_write(frame: bytes) -> tuple[int, int]:
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write(frame)
+
+        def failing_apply(*args: Any) -> None:
             if self.full:
                 raise sqlite3.OperationalError("database or disk is full")
-            write(ops)
+            apply(*args)
 
-        store._write = failing_write  # type: ignore[method-assign]
+        log.write = failing_write  # type: ignore[method-assign]
+        store._apply_sync = failing_apply  # type: ignore[method-assign]
 
 
 async def wait_for(condition: Any, timeout: float = 10.0) -> None:
@@ -48,11 +58,12 @@ def disk_of(gateway: Gateway) -> tuple[SQLiteStore, Disk]:
     return store, Disk(store)
 
 
-def sqlite_gateway(tmp_path: Path) -> Any:
+def sqlite_gateway(tmp_path: Path, **overrides: Any) -> Any:
     return running_gateway(
         store=f"sqlite://{tmp_path / 'gateway.db'}",
         http="127.0.0.1:0",
         beanstalk="127.0.0.1:0",
+        **overrides,
     )
 
 
@@ -80,7 +91,7 @@ async def test_a_failing_disk_refuses_publishes_everywhere_and_recovers(tmp_path
             await nsq.send(b"PUB orders\n" + be32(6) + b"commit")
             frame_type, data = await nsq.frame()
             assert (frame_type, data.split(b" ")[0]) == (1, b"E_PUB_FAILED")
-            assert b"database or disk is full" in data
+            assert b"No space left on device" in data
             assert await nsq.closed()  # fatal, as nsqd's E_PUB_FAILED
             await wait_for(lambda: store.failed is not None)
 
@@ -140,20 +151,21 @@ def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
 
 
 async def test_nsq_batches_whose_commits_overlap_are_answered_in_order(tmp_path: Path) -> None:
-    """A store whose flush waits: batches of publishes are read while earlier commits are
-    under way (the reply gate of connection.Connection). Every publish is answered OK once
-    stored, in order, and a client that closes its sending side right after still gets
-    every answer."""
-    async with sqlite_gateway(tmp_path) as gw:
+    """A store whose flush waits (fsync = "always" on a slow disk): batches of publishes
+    are read while earlier fsyncs are under way (the reply gate of connection.Connection).
+    Every publish is answered OK once stored, in order, and a client that closes its
+    sending side right after still gets every answer."""
+    async with sqlite_gateway(tmp_path, storage__fsync="always") as gw:
         store = gw.store
-        assert isinstance(store, SQLiteStore)
-        write = store._write
+        assert isinstance(store, SQLiteStore) and store._log is not None
+        log = store._log
+        sync = log.sync
 
-        def slow_write(ops: list[tuple[Any, ...]]) -> None:
-            time.sleep(0.02)  # a slow disk, in the store's writer thread
-            write(ops)
+        def slow_sync() -> tuple[int, int]:
+            time.sleep(0.02)  # a slow disk, in the store's fsync thread
+            return sync()
 
-        store._write = slow_write  # type: ignore[method-assign]
+        log.sync = slow_sync  # type: ignore[method-assign]
         nsq = await RawNSQ.connect(gw)
         sent = 0
         for i in range(40):

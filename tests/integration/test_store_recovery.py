@@ -1,6 +1,6 @@
-"""Recovery after kill -9. A gateway killed with kill -9 leaves the WAL behind; if its
-tail is torn (a write cut short) or followed by garbage, the next start keeps every
-complete commit before it, drops the rest with a log line, and serves: never a crash loop.
+"""Recovery after kill -9. A gateway killed with kill -9 leaves its store's log behind; if
+its tail is torn (a write cut short) or followed by garbage, the next start keeps every
+complete write before it, drops the rest with a log line, and serves: never a crash loop.
 And no message id a client has seen is handed out again, even one whose publish was never
 committed."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.helpers import MAGIC, RawNSQ, parse_message
+from tests.helpers import MAGIC, RawBeanstalk, RawNSQ, parse_message, running_gateway
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ async def consume(
     return got
 
 
-async def test_a_torn_wal_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path) -> None:
+async def test_a_torn_log_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     proc, addr, _ = await start(data_dir)
     try:
@@ -87,21 +87,25 @@ async def test_a_torn_wal_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path)
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-    wal = data_dir / "gateway.db-wal"
-    size = wal.stat().st_size
-    assert size > 0, "kill -9 must leave the write-ahead log behind"
-    with open(wal, "r+b") as f:
-        f.truncate(size - 100)  # the last commit's frame cut short
+    log_dir = data_dir / "gateway.db-log"
+    segment = max(p for p in log_dir.iterdir() if p.stat().st_size > 0)
+    size = segment.stat().st_size
+    assert size > 100, "kill -9 must leave the store's log behind"
+    with open(segment, "r+b") as f:
+        f.truncate(size - 100)  # the last write's frame cut short
         f.seek(0, os.SEEK_END)
         f.write(os.urandom(3000))  # and garbage where the next frames would be
 
     proc, addr, out = await start(data_dir)
     try:
-        assert b"recovering from a write-ahead log" in out, out.decode(errors="replace")
         bodies = [body for _, body in await consume(addr["nsq"], "t", "c")]
-        # every complete commit before the damage is back, in order; the torn one is not
+        # every complete write before the damage is back, in order; the torn one is not,
+        # unless the index had it already (it is brought up to date from the log a moment
+        # after each write: test_store_log.py cuts a tail the index lacks every time)
         assert bodies == [b"m%02d" % i for i in range(len(bodies))]
-        assert 15 <= len(bodies) < 20
+        assert 15 <= len(bodies) <= 20
+        if len(bodies) < 20:
+            assert b"cut at" in out, out.decode(errors="replace")
         async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
             assert (await http.post("/pub?topic=t", content=b"after")).status_code == 200
             assert (await http.get("/ready")).status_code == 200
@@ -145,3 +149,30 @@ async def test_an_id_a_consumer_saw_is_never_handed_out_again(tmp_path: Path) ->
                 assert await proc.wait() == 0
     reused = {i: b for i, b in bodies_by_id.items() if len(b) > 1}
     assert not reused, f"ids handed to two messages: {reused}"
+
+
+async def test_reserve_with_timeout_0_takes_jobs_past_the_memory_window(tmp_path: Path) -> None:
+    """Jobs a durable store keeps on disk past the memory window are ready jobs: a
+    `reserve-with-timeout 0` gets them (as from beanstalkd, which keeps every job in
+    memory), waiting for the page-in instead of answering TIMED_OUT."""
+    async with running_gateway(
+        store=f"sqlite://{tmp_path / 'gateway.db'}",
+        nsq="off",
+        beanstalk="127.0.0.1:0",
+        storage__memory_window=100,
+    ) as gw:
+        bs = await RawBeanstalk.connect(gw)
+        assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
+        for i in range(350):
+            assert (await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)).startswith(b"INSERTED ")
+        assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
+        # in one write: the reserves empty the window faster than any page-in could refill it
+        await bs.send(b"reserve-with-timeout 0\r\n" * 351)
+        bodies = []
+        for _ in range(350):
+            head, body, _ = (await bs.reply()).split(b"\r\n")
+            assert head.startswith(b"RESERVED "), head
+            bodies.append(body)
+        assert await bs.reply() == b"TIMED_OUT\r\n"
+        assert bodies == [b"%04d" % i for i in range(350)]
+        await bs.aclose()
