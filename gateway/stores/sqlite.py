@@ -37,6 +37,8 @@ import trio
 from gateway.model import Message
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
+    Delivery,
+    GroupRecorder,
     Key,
     Store,
     StoredState,
@@ -84,7 +86,6 @@ class SQLiteStore(Store):
         # recorded, not yet in the log
         self._ops: list[tuple[Any, ...]] = []
         self._recorded = 0  # records made so far
-        self._shaped = 0  # ... up to the last that adds messages or changes topics, groups
         self._applied = 0  # ... up to the last the index holds
         self._written = 0  # records in the log so far
         self._written_pos: Position = (0, 0)  # the log's end after the last write
@@ -220,16 +221,6 @@ class SQLiteStore(Store):
     # -- recording (event loop, synchronous, cheap) ----------------------------
 
     def _record(self, op: tuple[Any, ...]) -> None:
-        """A record that adds messages or changes topics and groups: a page-in must find
-        it in the index (see load)."""
-        if not self._ops:
-            self._wake.set()
-        self._ops.append(op)
-        self._recorded += 1
-        self._shaped = self._recorded
-
-    def _record_change(self, op: tuple[Any, ...]) -> None:
-        """A record that changes or removes messages the broker holds in memory."""
         if not self._ops:
             self._wake.set()
         self._ops.append(op)
@@ -276,7 +267,7 @@ class SQLiteStore(Store):
         state = sql.BURIED if buried else sql.READY
         priority = message.priority
         was = priority if priority_was is None else priority_was
-        self._record_change(("U", (priority, message.attempts, due, state, gid, was, message.id)))
+        self._record(("U", (priority, message.attempts, due, state, gid, was, message.id)))
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         t = self._topics.get(topic)
@@ -284,7 +275,32 @@ class SQLiteStore(Store):
             return
         gid = t.backlog if group is None else t.groups.get(group)
         if gid is not None:
-            self._record_change(("D", gid, [(m.priority, m.id) for m in messages]))
+            self._removed(gid, [(m.priority, m.id) for m in messages])
+
+    def _removed(self, gid: int, keys: list[tuple[int, int]]) -> None:
+        # a run of finishes in one group between other records is one record
+        ops = self._ops
+        if ops and (last := ops[-1])[0] == "D" and last[1] == gid:
+            last[2].extend(keys)
+        else:
+            self._record(("D", gid, keys))
+
+    def _delivered(self, gid: int, deliveries: Iterable[Delivery]) -> None:
+        # ("A", gid, [(priority, id, attempts)]): first deliveries and the like, which
+        # change a message's attempts only; a run of them in one group is one record
+        rows = [(d.message.priority, d.message.id, d.message.attempts) for d in deliveries]
+        ops = self._ops
+        if ops and (last := ops[-1])[0] == "A" and last[1] == gid:
+            last[2].extend(rows)
+        else:
+            self._record(("A", gid, rows))
+
+    def recorder(self, topic: str, group: str) -> GroupRecorder:
+        return _Recorder(self, topic, group)
+
+    def gid(self, topic: str, group: str) -> int | None:
+        t = self._topics.get(topic)
+        return t.groups.get(group) if t is not None else None
 
     def add_topic(self, topic: str) -> None:
         if topic not in self._topics:
@@ -604,11 +620,10 @@ class SQLiteStore(Store):
                 raise self.failed
 
     async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
-        # what was spilled may be only in the log so far: the read must see its put.
-        # Changes to messages need not be there: a spilled message is on disk only, so
-        # nothing delivered, changed or finished it (those records would be stale here
-        # for messages in memory, which a page-in never reads).
-        await self._caught_up(self._shaped)
+        # what was spilled may be only in the log so far: the read must see its put, and
+        # the finish of a message in memory that sorts after the spilled ones (a less
+        # urgent one delivered before they came) must keep the read from loading it again
+        await self._caught_up(self._recorded)
         t = self._topics.get(topic)
         gid = t.groups.get(group) if t is not None else None
         if gid is None:
@@ -676,3 +691,34 @@ class SQLiteStore(Store):
                 with contextlib.suppress(OSError):
                     log_.sync()
                 log_.close()
+
+
+class _Recorder(GroupRecorder):
+    """A group's hot-path door bound to its id in the index (looked up once, at the first
+    call: the broker makes a group's recorder before it records the group): a delivery or
+    a finish is one call that extends the last record when it is this group's of the same
+    kind."""
+
+    __slots__ = ("_gid", "_sqlite")
+
+    def __init__(self, store: SQLiteStore, topic: str, group: str) -> None:
+        super().__init__(store, topic, group)
+        self._sqlite = store
+        self._gid: int | None = None
+
+    def _bound(self) -> int | None:
+        if self._gid is None:
+            self._gid = self._sqlite.gid(self.topic, self.group)
+        return self._gid
+
+    def delivered(self, delivery: Delivery) -> None:
+        if (gid := self._gid or self._bound()) is not None:
+            self._sqlite._delivered(gid, (delivery,))
+
+    def delivered_all(self, deliveries: Iterable[Delivery]) -> None:
+        if (gid := self._gid or self._bound()) is not None:
+            self._sqlite._delivered(gid, deliveries)
+
+    def finished(self, message: Message) -> None:
+        if (gid := self._gid or self._bound()) is not None:
+            self._sqlite._removed(gid, [(message.priority, message.id)])

@@ -83,7 +83,8 @@ _PUT_LONG_RUN = (
 # (priority, attempts), else one (priority, attempts) per message; `batch` is the batch
 # row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end, ends or
 # None for one message). ("U", (priority, attempts, due, state, gid, priority_was, id)),
-# ("D", gid, [(priority, id)]), or a structural one (see `_structural`).
+# ("D", gid, [(priority, id)]), ("A", gid, [(priority, id, attempts)]): deliveries, which
+# change attempts only, or a structural one (see `_structural`).
 Op = tuple[Any, ...]
 _Put = tuple[Any, ...]
 
@@ -162,6 +163,9 @@ def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
         elif kind == "D":
             gid = op[1]
             deletes.extend([(gid, p, i) for p, i in op[2]])
+        elif kind == "A":
+            gid = op[1]
+            updates.extend([(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]])
         else:
             if puts or updates or deletes:
                 delta += _run(db, puts, updates, deletes)

@@ -69,6 +69,30 @@ async def test_a_less_urgent_job_in_flight_when_spilling_starts_is_not_paged_in_
         nursery.cancel_scope.cancel()
 
 
+async def test_a_less_urgent_job_finished_after_spilling_starts_is_not_paged_in(
+    pair: Pair,
+) -> None:
+    """As above, but the held job is finished before the page-in: a store that records
+    the finish after the read (a log whose index lags) must still never bring it back."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        g = b.group("t", "g")
+        holder = Collector()
+        h = g.attach(holder, 600)
+        b.publish("t", [b"held"], priority=2000)
+        h.set_ready(1)
+        (held,) = holder.got
+        h.set_ready(0)
+        b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
+        await b.flush()
+        assert g.finish(h, held.id) is Outcome.OK
+        sink = Collector()
+        await drain(g, sink, 33)
+        assert once_each(sink) == [b"%02d" % i for i in range(33)]
+        assert g.depth == 0 and not g.in_flight
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_backlog_adopted_past_the_window_keeps_each_message_once(pair: Pair) -> None:
     """The first group takes a backlog whose first message is less urgent than the rest:
     kept in memory while the others spill, it must not also be paged in from disk."""
