@@ -160,9 +160,9 @@ class Log:
             while written < len(frame):
                 written += os.write(self._fd, view[written:])
         except OSError:
-            if written:
-                self._cut_at = self.offset
-                self._repair()
+            # whatever part of the frame reached the file goes (nothing, if none did)
+            self._cut_at = self.offset
+            self._repair()
             raise
         self.offset += written
         return self.position

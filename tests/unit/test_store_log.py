@@ -1,0 +1,175 @@
+"""The durable store's log (gateway/stores/log.py) and the store's use of it: frames come
+back as written, a torn or corrupt tail is cut at the last whole record, a log yields data
+only, positions only grow across restarts, and segments the index holds are deleted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.model import Message
+from gateway.stores import SQLiteStore
+from gateway.stores import log as store_log
+from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
+
+
+def frames(directory: Path, after: tuple[int, int] = (0, 0)) -> list[list[tuple[object, ...]]]:
+    return [records for _, records in replay(directory, after)]
+
+
+def test_frames_come_back_in_order_with_their_end_positions(tmp_path: Path) -> None:
+    log = Log(tmp_path, 1)
+    ends = [log.write(encode([("R", i), ("D", 3, [(0, i)])])) for i in range(5)]
+    log.close()
+    got = list(replay(tmp_path, (0, 0)))
+    assert [position for position, _ in got] == ends
+    assert [records for _, records in got] == [[("R", i), ("D", 3, [(0, i)])] for i in range(5)]
+    # from a position on: only what follows it
+    assert frames(tmp_path, ends[2]) == [
+        [("R", 3), ("D", 3, [(0, 3)])],
+        [("R", 4), ("D", 3, [(0, 4)])],
+    ]
+
+
+def test_a_torn_tail_is_cut_at_the_last_whole_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = Log(tmp_path, 1)
+    for i in range(3):
+        good = log.write(encode([("R", i)]))
+    log.write(encode([("P-ish", b"x" * 100)]))
+    log.close()
+    path = segment_path(tmp_path, 1)
+    with open(path, "r+b") as f:  # the last write cut short, then garbage after it
+        f.truncate(path.stat().st_size - 30)
+        f.seek(0, os.SEEK_END)
+        f.write(os.urandom(200))
+    with caplog.at_level(logging.WARNING, "gateway.store"):
+        assert frames(tmp_path) == [[("R", 0)], [("R", 1)], [("R", 2)]]
+    assert path.stat().st_size == good[1]  # the file ends at the last whole record now
+    assert "cut at" in caplog.text
+    assert frames(tmp_path) == [[("R", 0)], [("R", 1)], [("R", 2)]]  # and reads clean
+
+
+def test_a_corrupt_frame_ends_its_segment_and_the_next_segment_is_read(tmp_path: Path) -> None:
+    """A writer that could not cut a failed write's partial frame starts a new segment:
+    the replay reads on from there."""
+    log = Log(tmp_path, 1)
+    first = log.write(encode([("R", 1)]))
+    log.write(encode([("R", 2)]))
+    log.close()
+    path = segment_path(tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[first[1] + store_log.HEADER.size + 3] ^= 0xFF  # a flipped byte: the crc fails
+    path.write_bytes(bytes(data))
+    log = Log(tmp_path, 2)
+    log.write(encode([("R", 3)]))
+    log.close()
+    assert frames(tmp_path) == [[("R", 1)], [("R", 3)]]
+
+
+def test_a_log_yields_data_only() -> None:
+    """A record naming anything (a class, a function) is refused, not called."""
+    payload = pickle.dumps([("P", os.system)], protocol=5)
+    with pytest.raises(pickle.UnpicklingError, match=r"(posix|os)\.system"):
+        decode(payload)
+    with pytest.raises(pickle.UnpicklingError):
+        decode(pickle.dumps({"not": "a list"}, protocol=5))
+
+
+def test_a_failed_write_leaves_no_partial_frame(tmp_path: Path) -> None:
+    log = Log(tmp_path, 1)
+    log.write(encode([("R", 1)]))
+    real = os.write
+    calls = []
+
+    def half_then_full(fd: int, data: memoryview) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, data[:10])  # a short write...
+        raise OSError(28, "No space left on device")  # ...and the disk is full
+
+    store_log.os.write = half_then_full  # type: ignore[assignment]
+    try:
+        with pytest.raises(OSError):
+            log.write(encode([("R", 2)]))
+    finally:
+        store_log.os.write = real  # type: ignore[assignment]
+    log.write(encode([("R", 3)]))
+    log.close()
+    assert frames(tmp_path) == [[("R", 1)], [("R", 3)]]
+
+
+def msg(i: int) -> Message:
+    return Message(i, "t", b"body %d" % i, 1_700_000_000_000_000_000 + i)
+
+
+def abandon(store: SQLiteStore) -> None:
+    """What kill -9 leaves: nothing closed by the store (the descriptors are let go)."""
+    assert store._lock_fd is not None and store._db is not None and store._log is not None
+    os.close(store._lock_fd)
+    store._db.close()
+    store._log.close()
+    store._worker.stop()
+    store._syncer.stop()
+
+
+async def test_a_store_killed_before_its_index_caught_up_replays_its_log(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path)
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    for i in range(1, 51):
+        store.put("t", ["g"], [msg(i)], 0.0)
+        await store.flush()  # in the log; the index has not been brought up to date
+    store.remove("t", "g", [msg(i) for i in range(1, 11)])
+    await store.flush()
+    first_segment = store._log.segment if store._log else 0
+    abandon(store)
+
+    store = SQLiteStore(path)
+    state = await store.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [m.id for m in ready] == list(range(11, 51))
+    assert ready[0].body == b"body 11"
+    # every start writes a new segment past everything before: positions only grow
+    assert store._log is not None and store._log.segment > first_segment
+    # and the segments the index now holds are gone
+    assert segments(path.parent / "gateway.db-log") == [store._log.segment]
+    await store.close()
+
+
+async def test_segments_the_index_holds_are_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    log_dir = path.parent / "gateway.db-log"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for i in range(1, 401):
+            store.put("t", ["g"], [Message(i, "t", b"x" * 200, 1)], 0.0)
+            await store.flush()
+        assert len(segments(log_dir)) > 10  # 4 KiB segments: many of them
+        await store._caught_up(store._recorded)  # the index holds it all now
+        store.put("t", ["g"], [Message(401, "t", b"x" * 200, 1)], 0.0)
+        await store._caught_up(store._recorded)
+        assert store._log is not None
+        assert segments(log_dir)[0] >= store._log.segment - 1
+        nursery.cancel_scope.cancel()
+    await store.close()
+    assert segments(log_dir) == []  # a clean stop: the index holds everything
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    assert len(state.topics["t"].groups["g"].ready) == 401
+    await reopened.close()
