@@ -150,13 +150,15 @@ class SQLiteStore(Store):
             db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if tables and version != sql.VERSION:
+            if tables and version not in (1, sql.VERSION):
                 raise StoreError(
                     f"store {self.path}: format {version} is not this gateway's"
                     f" ({sql.VERSION}); move the file aside to start with an empty store"
                 )
             db.executescript(sql.SCHEMA)
-            db.execute(sql.DROP_TRIGGER)
+            if tables and version == 1:
+                db.executescript(sql.MIGRATE_1)
+                log.warning("store %s: converted from format 1 to %d", self.path, sql.VERSION)
             db.execute(f"PRAGMA user_version = {sql.VERSION}")
             self._db = db
             held = self._replay(db)
@@ -632,14 +634,9 @@ class SQLiteStore(Store):
         gid = t.groups.get(group) if t is not None else None
         if gid is None:
             return []
-        where = (
-            "e.grp = ? AND (e.priority, e.id) >= (?, ?) AND e.state = 0 AND e.due = 0"
-            " ORDER BY e.grp, e.priority, e.id LIMIT ?"
-        )
         db = self._db
         assert db is not None
-        args = (gid, after[0], after[1], limit)
-        return await self._worker.run(sql.select, db, topic, where, args)
+        return await self._worker.run(sql.select_ready, db, topic, gid, after, limit)
 
     def stats(self) -> StoreStats:
         stats = self._stats

@@ -14,6 +14,8 @@ from pathlib import Path
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
 
+MIN_KEY = (-(1 << 63), -1)  # before every (priority, id)
+
 
 class TopicIds:
     """A topic's row id, its backlog's group id and its groups' ids, by name."""
@@ -89,21 +91,14 @@ def recover(db: sqlite3.Connection, window: int) -> Recovered:
             t = topics[topic_name] = TopicIds(tid, 0)
         if name is None:
             t.backlog = gid
-            st.backlog = sql.select(db, topic_name, "e.grp = ? ORDER BY e.id", (gid,))
+            st.backlog = sql.select(db, topic_name, "grp = ?", (gid,), by_id=True)
             continue
         t.groups[name] = gid
         sg = st.groups[name] = StoredGroup(name, bool(paused))
-        ready = db.execute(
-            "SELECT count(*) FROM entries WHERE grp = ? AND state = 0 AND due = 0", (gid,)
-        ).fetchone()[0]
-        sg.ready = sql.select(
-            db,
-            topic_name,
-            "e.grp = ? AND e.state = 0 AND e.due = 0 ORDER BY e.grp, e.priority, e.id LIMIT ?",
-            (gid, window if window > 0 else -1),
-        )
+        ready = sql.count_ready(db, gid)
+        sg.ready = sql.select_ready(db, topic_name, gid, MIN_KEY, window if window > 0 else -1)
         sg.spilled = ready - len(sg.ready)
-        sg.ready += sql.select(db, topic_name, "e.grp = ? AND e.state = 0 AND e.due > 0", (gid,))
-        sg.buried = sql.select(db, topic_name, "e.grp = ? AND e.state = 1 ORDER BY e.id", (gid,))
-    found.entries = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+        sg.ready += sql.select(db, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
+        sg.buried = sql.select(db, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
+    found.entries = sql.count_all(db)
     return found

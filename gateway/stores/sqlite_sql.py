@@ -1,23 +1,23 @@
-"""The durable store's tables and the worker thread's side: writing a commit, reading
-messages back. Nothing here runs on the event loop.
+"""The durable store's index: its tables and the worker thread's side, applying the log's
+records and reading messages back. Nothing here runs on the event loop but `put_record`,
+which makes a publish's record.
 
-Tables (docs/storage.md, "The on-disk format"):
+Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish, holding all of its bodies end to end (`ends`: where
   each one ends, uint32 native order) and the fields its messages share (timestamp, ttr,
-  origin, reply_to, headers); `refs` counts the entries that still point at it.
-* `entries`: one row per (group, message) with the per-group fields, keyed by (group,
-  priority, id): the key is the paging order, so no second index has to be kept up to
-  date on every publish. A change of priority moves the row (the caller names the
-  priority it had).
-* Whatever deletes entries drops a batch with its last entry (`_delete`): the deleted
-  entries' batches come back from the DELETE itself and their `refs` go down once per
-  batch, not once per entry as a trigger would (measured: an acknowledgement's share of
-  a commit 5.0 -> 2.6 us; a million entries of a deleted group 2.0 -> 1.4 s).
+  origin, reply_to, headers); `refs` counts the messages of it still queued in a group.
+* `runs`: a group's messages in runs of consecutive ids that share their per-group fields
+  (priority, attempts, due time, state) and their batch: a publish of 100 into a group is
+  one row, not 100. Keyed (group, priority, first id): the key is the paging order, and
+  the runs of one (group, priority) never overlap. `gone` is a bitmap of the run's
+  messages no longer in it (finished, or moved out by a change of their fields), `left`
+  how many are; a run goes when `left` reaches 0. A change to one message of a run splits
+  it around that message, which then has a run of its own.
+* Whatever removes messages lowers their batches' `refs` by their count, once per batch,
+  and drops a batch none is left in.
 
-A publish's entries in a group differ only by id, so they are written by one statement
-that generates them (a recursive CTE): one step into SQLite per publish instead of one
-per message, which is most of a commit's cost and, since every step releases and retakes
-the GIL, most of what the writer thread takes from the event loop.
+Format 1 kept one `entries` row per (group, message); opening such a file turns each into
+a run of one (`MIGRATE_1`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import sqlite3
 from array import array
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -42,40 +43,40 @@ CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
     bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL,
+CREATE TABLE IF NOT EXISTS runs (
+    grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
-    state INTEGER NOT NULL,
+    state INTEGER NOT NULL, gone BLOB, left INTEGER NOT NULL,
     PRIMARY KEY (grp, priority, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS seq (n INTEGER PRIMARY KEY);
-WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i < 4095)
-    INSERT OR IGNORE INTO seq SELECT i FROM k;
 """
-# Files written by earlier gateways kept `refs` with a trigger per deleted entry; this
-# code keeps them itself, and both count the same, so a file moves either way between
-# versions. (An earlier gateway makes the trigger again when it opens the file.)
-DROP_TRIGGER = "DROP TRIGGER IF EXISTS entries_gone"
+MIGRATE_1 = """
+BEGIN;
+DROP TRIGGER IF EXISTS entries_gone;
+INSERT INTO runs SELECT grp, priority, id, 1, batch, attempts, due, state, NULL, 1 FROM entries;
+DROP TABLE entries;
+DROP TABLE IF EXISTS seq;
+COMMIT;
+"""
 
-VERSION = 1  # PRAGMA user_version of this format
+VERSION = 2  # PRAGMA user_version of this format
 READY, BURIED = 0, 1
 RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
-_SELECT = "SELECT e.id, e.priority, e.attempts, e.due, e.batch FROM entries e WHERE "
 _BATCH = (
     "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends"
     " FROM batches WHERE id = ?"
 )
-# a publish's entries in one group: n rows, ids first .. first + n - 1, numbered by the
-# `seq` table (0..4095: a scan of it is cheaper than a recursive CTE) or, for a larger
-# publish, by a recursive CTE
-_SEQ = 4096
-_PUT_RUN = "INSERT INTO entries SELECT ?, ?, ? + n, ?, ?, ?, 0 FROM seq WHERE n < ?"
-_PUT_LONG_RUN = (
-    "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i < ? - 1)"
-    " INSERT INTO entries SELECT ?, ?, ? + i, ?, ?, ?, 0 FROM k"
+_COLS = "id, n, gone, left, batch, attempts, due, state"  # a run, as the code below reads it
+_HEAD = (
+    f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ? ORDER BY id DESC LIMIT 1"
 )
+_AFTER = (
+    f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
+)
+_INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)"
+_GAP = 4096  # ids further apart than this are looked up in the index separately
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
 # ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
@@ -86,7 +87,7 @@ _PUT_LONG_RUN = (
 # ("D", gid, [(priority, id)]), ("A", gid, [(priority, id, attempts)]): deliveries, which
 # change attempts only, or a structural one (see `_structural`).
 Op = tuple[Any, ...]
-_Put = tuple[Any, ...]
+_Update = tuple[Any, ...]  # the "U" tuple
 
 LOG_KEYS = ("log_segment", "log_offset")  # meta: the log position the index holds up to
 GET_LOG_POSITION = "SELECT key, value FROM meta WHERE key IN ('log_segment', 'log_offset')"
@@ -122,50 +123,134 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
-def select(db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...]) -> list[Message]:
-    """The messages of the entries `where` selects, with their bodies cut out of their
-    batches (each batch read once)."""
-    batches: dict[int, tuple[Any, ...]] = {}
-    out = []
-    for mid, priority, attempts, due, batch in db.execute(_SELECT + where, args).fetchall():
-        b = batches.get(batch)
+# -- reading ---------------------------------------------------------------------
+
+
+class _Batches:
+    """The batches one read needs, each read once: its shared fields and bodies."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.cache: dict[int, tuple[Any, ...]] = {}
+
+    def get(self, batch: int) -> tuple[Any, ...]:
+        b = self.cache.get(batch)
         if b is None:
-            row = db.execute(_BATCH, (batch,)).fetchone()
+            row = self.db.execute(_BATCH, (batch,)).fetchone()
             ends = array("I")
             ends.frombytes(row[7])
             headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
-            b = batches[batch] = (*row[:4], headers, row[5], row[6], ends)
-        ts, ttr, origin, reply_to, headers, block, bodies, ends = b
-        k = mid - batch
-        body = bytes(bodies[ends[k - 1] if k else 0 : ends[k]])
-        msg = Message(mid, topic, body, ts, headers, attempts, priority, due, ttr, reply_to, origin)
+            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends)
+        return b
+
+
+def _expand(
+    batches: _Batches,
+    topic: str,
+    priority: int,
+    run: Sequence[Any],
+    out: list[Message],
+    from_id: int = 0,
+    limit: int = -1,
+) -> None:
+    """The messages of one run still in it (from `from_id` on), appended to `out` until it
+    holds `limit` (-1: all)."""
+    start, n, gone, _left, batch, attempts, due, _state = run
+    bits = int.from_bytes(gone, "little") if gone else 0
+    ts, ttr, origin, reply_to, headers, block, bodies, ends = batches.get(batch)
+    base = start - batch  # the run's first message's place in its batch
+    for k in range(max(from_id - start, 0), n):
+        if bits >> k & 1:
+            continue
+        j = base + k
+        body = bodies[ends[j - 1] if j else 0 : ends[j]]
+        msg = Message(
+            start + k, topic, body, ts, headers, attempts, priority, due, ttr, reply_to, origin
+        )
         msg.header_block = block
         out.append(msg)
+        if len(out) == limit:
+            return
+
+
+def select(
+    db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...], *, by_id: bool = False
+) -> list[Message]:
+    """Every message of the runs `where` selects, in key order (`by_id`: in id order)."""
+    batches = _Batches(db)
+    out: list[Message] = []
+    for row in db.execute(f"SELECT priority, {_COLS} FROM runs WHERE {where}", args).fetchall():
+        _expand(batches, topic, row[0], row[1:], out)
+    if by_id:
+        out.sort(key=lambda m: m.id)
     return out
 
 
+def select_ready(
+    db: sqlite3.Connection, topic: str, gid: int, after: tuple[int, int], limit: int
+) -> list[Message]:
+    """Up to `limit` (-1: all) of a group's ready messages, due now, from (priority, id)
+    `after` on, in that order: the run holding `after`, then the runs after it."""
+    batches = _Batches(db)
+    out: list[Message] = []
+    priority, first = after
+    head = db.execute(
+        f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ?"
+        " AND state = 0 AND due = 0 ORDER BY id DESC LIMIT 1",
+        (gid, priority, first),
+    ).fetchone()
+    if head is not None and head[0] + head[1] > first:
+        _expand(batches, topic, priority, head, out, first, limit)
+    if len(out) == limit:
+        return out
+    cursor = db.execute(
+        f"SELECT priority, {_COLS} FROM runs WHERE grp = ? AND (priority, id) > (?, ?)"
+        " AND state = 0 AND due = 0 ORDER BY grp, priority, id",
+        (gid, priority, first),
+    )
+    for row in cursor:
+        _expand(batches, topic, row[0], row[1:], out, 0, limit)
+        if len(out) == limit:
+            break
+    cursor.close()
+    return out
+
+
+def count_ready(db: sqlite3.Connection, gid: int) -> int:
+    return db.execute(
+        "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ? AND state = 0 AND due = 0", (gid,)
+    ).fetchone()[0]
+
+
+def count_all(db: sqlite3.Connection) -> int:
+    return db.execute("SELECT coalesce(sum(left), 0) FROM runs").fetchone()[0]
+
+
+# -- applying the log's records ---------------------------------------------------
+
+
 def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
-    """Write a commit's ops in order. Runs of puts, updates and deletes between two
-    structural changes go in one executemany each: puts, then updates, then deletes, which
-    is the order every message goes through them. An entry put and deleted within the run
-    (published and finished between two commits) is never written at all. Returns the
-    change in the number of entries on disk."""
+    """Apply records in order. The runs of puts, changes and finishes between two
+    structural changes are applied together: puts, then changes, then finishes, which is
+    the order every message goes through them. A message put and finished within such a
+    run (published and finished before the index caught up) is never written, nor are its
+    changes. Returns the change in the number of messages queued in the index."""
     delta = 0
-    puts: list[_Put] = []
-    updates: list[tuple[Any, ...]] = []
+    puts: list[Op] = []
+    updates: list[_Update] = []
     deletes: list[tuple[int, int, int]] = []
     for op in ops:
         kind = op[0]
         if kind == "P":
-            puts.append(op[1:])  # type: ignore[arg-type]
+            puts.append(op)
         elif kind == "U":
             updates.append(op[1])
         elif kind == "D":
             gid = op[1]
-            deletes.extend([(gid, p, i) for p, i in op[2]])
+            deletes += [(gid, p, i) for p, i in op[2]]
         elif kind == "A":
             gid = op[1]
-            updates.extend([(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]])
+            updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
         else:
             if puts or updates or deletes:
                 delta += _run(db, puts, updates, deletes)
@@ -176,143 +261,274 @@ def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
     return delta
 
 
+class _ByGroup:
+    """Messages (of one group) keyed by id, with their ids sorted for range lookups."""
+
+    __slots__ = ("ids", "items")
+
+    def __init__(self) -> None:
+        self.items: dict[int, Any] = {}
+        self.ids: list[int] = []
+
+    def take(self, first: int, end: int) -> list[tuple[int, Any]]:
+        """Remove and return those with ids in [first, end)."""
+        ids = self.ids
+        out = []
+        for i in ids[bisect_left(ids, first) : bisect_left(ids, end)]:
+            item = self.items.pop(i, None)
+            if item is not None:
+                out.append((i, item))
+        return out
+
+
+def _by_group(items: Iterable[tuple[int, int, Any]]) -> dict[int, _ByGroup]:
+    groups: dict[int, _ByGroup] = {}
+    for gid, i, item in items:
+        g = groups.get(gid)
+        if g is None:
+            g = groups[gid] = _ByGroup()
+        g.items[i] = item
+    for g in groups.values():
+        g.ids = sorted(g.items)
+    return groups
+
+
 def _run(
     db: sqlite3.Connection,
-    puts: list[_Put],
-    updates: list[tuple[Any, ...]],
+    puts: list[Op],
+    updates: list[_Update],
     deletes: list[tuple[int, int, int]],
 ) -> int:
-    gone = {(gid, i) for gid, _, i in deletes} if puts and deletes else None
-    cancelled: set[tuple[int, int]] = set()
-    batch_rows = []
-    runs = []  # a publish's entries in one group, generated by one statement
-    long_runs = []
-    entry_rows = []  # entries one by one, where some of a publish's are not written
+    # one change per message: the last one's fields, and the priority the index has it
+    # under (the first one's priority_was)
+    latest: dict[tuple[int, int], _Update] = {}
+    for u in updates:
+        key = (u[4], u[6])
+        prev = latest.get(key)
+        latest[key] = u if prev is None else (*u[:5], prev[5], u[6])
+    # finishes, under the priority the index has: a message changed and finished here is
+    # found where it was before the change, and the change is never written
+    finished: list[tuple[int, int, int]] = []
+    for gid, priority, i in deletes:
+        u = latest.pop((gid, i), None)
+        finished.append((gid, i, priority if u is None else u[5]))
     written = 0
-    for gids, first, n, due, priority, attempts, fields, batch in puts:
-        ids = range(first, first + n)
+    if puts:
+        changed = _by_group((gid, i, u) for (gid, i), u in latest.items()) if latest else {}
+        done = _by_group(finished) if finished else {}
+        written = _put(db, puts, changed, done)
+        latest = {(gid, i): u for gid, g in changed.items() for i, u in g.items.items()}
+        finished = [(gid, i, p) for gid, g in done.items() for i, p in g.items.items()]
+    if latest:
+        _change(db, latest.values())
+    removed = _finish(db, finished) if finished else 0
+    return written - removed
+
+
+def _put(
+    db: sqlite3.Connection,
+    puts: list[Op],
+    changed: dict[int, _ByGroup],
+    done: dict[int, _ByGroup],
+) -> int:
+    """Write the publishes; those of their messages finished or changed in the same run
+    are taken out of `done` and `changed` (never written; a change is a run of one).
+    Returns how many messages were written."""
+    batch_rows = []
+    run_rows = []
+    written = 0
+    for _, gids, first, n, due, priority, attempts, fields, batch in puts:
+        end = first + n
         refs = 0
         for gid in gids:
-            if gone is None or not any((gid, i) in gone for i in ids):
-                if fields is None and n <= _SEQ:
-                    runs.append((gid, priority, first, first, attempts, due, n))
-                elif fields is None:
-                    long_runs.append((n, gid, priority, first, first, attempts, due))
-                else:
-                    entry_rows += [
-                        (gid, p, i, first, a, due) for i, (p, a) in zip(ids, fields, strict=True)
-                    ]
-                refs += n
+            bits = 0
+            d = done.get(gid)
+            if d is not None:
+                for i, _p in d.take(first, end):  # finished already: never written
+                    bits |= 1 << (i - first)
+            cuts = []
+            c = changed.get(gid)
+            if c is not None:
+                for i, u in c.take(first, end):
+                    if not bits >> (i - first) & 1:
+                        cuts.append(i)
+                        run_rows.append((gid, u[0], i, 1, first, u[1], u[2], u[3], None, 1))
+                        refs += 1
+            if fields is not None:  # messages with their own fields: a run each
+                for k, (p, a) in enumerate(fields):
+                    if not bits >> k & 1 and first + k not in cuts:
+                        run_rows.append((gid, p, first + k, 1, first, a, due, READY, None, 1))
+                        refs += 1
                 continue
-            each = fields or [(priority, attempts)] * n
-            for i, (p, a) in zip(ids, each, strict=True):
-                if (gid, i) in gone:
-                    cancelled.add((gid, i))  # never written: nothing to delete either
-                else:
-                    entry_rows.append((gid, p, i, first, a, due))
-                    refs += 1
+            run = (gid, priority, first, n, first, attempts, due, READY)
+            refs += _pieces(run, bits, cuts, run_rows)
         written += refs
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
             if ends is None:
                 ends = array("I", (len(bodies),)).tobytes()
             batch_rows.append(
-                (
-                    first,
-                    first + n - 1,
-                    ts,
-                    ttr,
-                    origin,
-                    reply_to,
-                    headers,
-                    block,
-                    bodies,
-                    ends,
-                    refs,
-                )
+                (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs)
             )
     if batch_rows:
         db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
-    if runs:
-        db.executemany(_PUT_RUN, runs)
-    if long_runs:
-        db.executemany(_PUT_LONG_RUN, long_runs)
-    if entry_rows:
-        db.executemany("INSERT INTO entries VALUES (?,?,?,?,?,?,0)", entry_rows)
-    if cancelled:
-        # a delivery of a message put and finished in this same commit: nothing to update
-        updates = [u for u in updates if (u[4], u[6]) not in cancelled]
-        deletes = [d for d in deletes if (d[0], d[2]) not in cancelled]
-    if len(updates) > 1:
-        # one update per entry: the last one's fields, found where the first one looked
-        latest: dict[tuple[int, int], tuple[Any, ...]] = {}
-        for u in updates:
-            key = (u[4], u[6])
-            prev = latest.get(key)
-            latest[key] = u if prev is None else (*u[:5], prev[5], u[6])
-        updates = list(latest.values())
-    if updates and deletes:
-        # delivered and finished within one commit: the delete is all that is left to do
-        # (unless the update moved the row to another priority, where the delete looks)
-        finished = {(gid, i) for gid, _, i in deletes}
-        updates = [u for u in updates if u[0] != u[5] or (u[4], u[6]) not in finished]
-    if updates:
-        # one statement per run of equal changes (a burst of first deliveries is one): a
-        # step into SQLite per statement, not per message
-        same: dict[tuple[Any, ...], list[int]] = {}
-        for u in updates:
-            same.setdefault(u[:6], []).append(u[6])
-        db.executemany(
-            "UPDATE entries SET priority=?, attempts=?, due=?, state=?"
-            " WHERE grp=? AND priority=? AND id IN (SELECT value FROM json_each(?))",
-            [(*key, json.dumps(ids)) for key, ids in same.items()],
-        )
-    removed = 0
-    if deletes:
-        by_key: dict[tuple[int, int], list[int]] = {}
-        for gid, priority, i in deletes:
-            by_key.setdefault((gid, priority), []).append(i)
-        # consumers finish in about the order they were given: runs of consecutive ids
-        # go in one statement each
-        ranges = []
-        for (gid, priority), ids in by_key.items():
-            ids.sort()
-            start = prev = ids[0]
-            for i in ids:
-                if i > prev + 1:
-                    ranges.append((gid, priority, start, prev))
-                    start = i
-                prev = i
-            ranges.append((gid, priority, start, prev))
-        removed = _delete(db, "grp=? AND priority=? AND id BETWEEN ? AND ?", ranges)
-    return written - removed
+    if run_rows:
+        db.executemany(_INSERT, run_rows)
+    return written
 
 
-def _delete(db: sqlite3.Connection, where: str, params: list[tuple[Any, ...]]) -> int:
-    """Delete the entries `where` selects, once per row of `params`; returns how many
-    went. Each batch's `refs` goes down by its count of them, and a batch none points at
-    any more goes (its bodies with it). The counts come from one grouped read before the
-    delete: a step into SQLite per batch, not per entry, as a DELETE ... RETURNING takes
-    (and each step releases and retakes the GIL)."""
+def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -> list[list[Any]]:
+    """The runs of (group, priority) that hold `ids` (ascending), in id order, as lists
+    of their columns (`_COLS`), each read once."""
+    found: dict[int, list[Any]] = {}
+    k = 0
+    while k < len(ids):
+        lo = ids[k]
+        j = k
+        while j + 1 < len(ids) and ids[j + 1] - ids[j] <= _GAP:
+            j += 1
+        head = db.execute(_HEAD, (gid, priority, lo)).fetchone()
+        if head is not None and head[0] + head[1] > lo:
+            found.setdefault(head[0], list(head))
+        for row in db.execute(_AFTER, (gid, priority, lo, ids[j])):
+            found.setdefault(row[0], list(row))
+        k = j + 1
+    return [found[start] for start in sorted(found)]
+
+
+def _locate(runs: list[list[Any]], starts: list[int], i: int) -> list[Any] | None:
+    """The run of `runs` that holds message `i` (and still has it), if any."""
+    k = bisect_left(starts, i + 1) - 1
+    if k < 0:
+        return None
+    run = runs[k]
+    start, n, gone = run[0], run[1], run[2]
+    if i >= start + n:
+        return None
+    if gone and int.from_bytes(gone, "little") >> (i - start) & 1:
+        return None
+    return run
+
+
+def _finish(db: sqlite3.Connection, finished: list[tuple[int, int, int]]) -> int:
+    """Take finished messages out of their runs; returns how many were found."""
+    by_key: dict[tuple[int, int], list[int]] = {}
+    for gid, i, priority in finished:
+        by_key.setdefault((gid, priority), []).append(i)
     released: dict[int, int] = {}
-    get = released.get
-    count = f"SELECT batch, count(*) FROM entries WHERE {where} GROUP BY batch"
-    delete = f"DELETE FROM entries WHERE {where}"
-    n = 0
-    for args in params:
-        for batch, k in db.execute(count, args):
-            released[batch] = get(batch, 0) + k
-            n += k
-        db.execute(delete, args)
+    updates = []
+    drops = []
+    removed = 0
+    for (gid, priority), ids in by_key.items():
+        ids.sort()
+        runs = _covering(db, gid, priority, ids)
+        starts = [r[0] for r in runs]
+        bits: dict[int, int] = {}  # per run (by start): the finished messages' bits
+        for i in ids:
+            run = _locate(runs, starts, i)
+            if run is not None:
+                bits[run[0]] = bits.get(run[0], 0) | 1 << (i - run[0])
+        for run in runs:
+            b = bits.get(run[0])
+            if not b:
+                continue
+            start, n, gone, left, batch = run[:5]
+            k = b.bit_count()
+            removed += k
+            released[batch] = released.get(batch, 0) + k
+            if left == k:
+                drops.append((gid, priority, start))
+            else:
+                old = int.from_bytes(gone, "little") if gone else 0
+                updates.append(
+                    ((old | b).to_bytes((n + 7) // 8, "little"), left - k, gid, priority, start)
+                )
+    if drops:
+        db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
+    if updates:
+        db.executemany(
+            "UPDATE runs SET gone = ?, left = ? WHERE grp = ? AND priority = ? AND id = ?",
+            updates,
+        )
+    _release(db, released)
+    return removed
+
+
+def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
+    """Messages whose fields changed: a run of one is changed (or moved, for another
+    priority) in place; a longer run is split around each changed message, which gets a
+    run of its own."""
+    by_key: dict[tuple[int, int], dict[int, _Update]] = {}
+    for u in changes:
+        by_key.setdefault((u[4], u[5]), {})[u[6]] = u
+    drops = []
+    inserts = []
+    for (gid, was), ups in by_key.items():
+        ids = sorted(ups)
+        runs = _covering(db, gid, was, ids)
+        starts = [r[0] for r in runs]
+        moving: dict[int, list[int]] = {}  # per run (by start): the messages leaving it
+        for i in ids:
+            run = _locate(runs, starts, i)
+            if run is not None:
+                moving.setdefault(run[0], []).append(i)
+        for run in runs:
+            out = moving.get(run[0])
+            if not out:
+                continue
+            start, n, gone, _left, batch, attempts, due, state = run
+            drops.append((gid, was, start))
+            for i in out:
+                u = ups[i]
+                inserts.append((gid, u[0], i, 1, batch, u[1], u[2], u[3], None, 1))
+            bits = int.from_bytes(gone, "little") if gone else 0
+            _pieces((gid, was, start, n, batch, attempts, due, state), bits, out, inserts)
+    if drops:
+        db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
+    if inserts:
+        db.executemany(_INSERT, inserts)
+
+
+def _pieces(run: tuple[Any, ...], bits: int, cuts: list[int], rows: list[tuple[Any, ...]]) -> int:
+    """The rows of a run (its key and fields, `bits` gone) without the messages `cuts`
+    (ascending), which leave it: the pieces between them, appended to `rows`, so that the
+    runs of a (group, priority) never overlap. Returns how many messages they hold."""
+    gid, priority, start, n, batch, attempts, due, state = run
+    held = 0
+    piece = start
+    for cut in [*cuts, start + n]:
+        size = cut - piece
+        if size > 0:
+            pbits = bits >> (piece - start) & ((1 << size) - 1)
+            left = size - pbits.bit_count()
+            if left:
+                gone = pbits.to_bytes((size + 7) // 8, "little") if pbits else None
+                rows.append((gid, priority, piece, size, batch, attempts, due, state, gone, left))
+                held += left
+        piece = cut + 1
+    return held
+
+
+def _release(db: sqlite3.Connection, released: dict[int, int]) -> None:
+    """Each batch's `refs` goes down by its count; a batch none is left in goes."""
     if released:
         rows = [(count, batch) for batch, count in released.items()]
         db.executemany("DELETE FROM batches WHERE refs <= ? AND id = ?", rows)
         db.executemany("UPDATE batches SET refs = refs - ? WHERE id = ?", rows)
-    return n
+
+
+def _drop_runs(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> int:
+    """Delete the runs `where` selects (whole groups); returns how many messages went."""
+    released = dict(
+        db.execute(f"SELECT batch, sum(left) FROM runs WHERE {where} GROUP BY batch", args)
+    )
+    db.execute(f"DELETE FROM runs WHERE {where}", args)
+    _release(db, released)
+    return sum(released.values())
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
-    """One change to topics or groups; returns the change in entries on disk."""
+    """One change to topics or groups; returns the change in messages queued."""
     kind = op[0]
     if kind == "T+":
         _, tid, name, backlog = op
@@ -325,32 +541,35 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
         _, backlog, gids = op
         added = 0
         if gids:
-            # every copy holds its batch; the backlog's own entries let go below
+            # every copy holds its batch; the backlog's own runs let go below
             db.execute(
-                "UPDATE batches SET refs = refs + ? * (SELECT count(*) FROM entries e"
-                " WHERE e.grp = ? AND e.batch = batches.id)"
-                " WHERE id IN (SELECT batch FROM entries WHERE grp = ?)",
+                "UPDATE batches SET refs = refs + ? * (SELECT sum(left) FROM runs r"
+                " WHERE r.grp = ? AND r.batch = batches.id)"
+                " WHERE id IN (SELECT batch FROM runs WHERE grp = ?)",
                 (len(gids), backlog, backlog),
             )
             for gid in gids:
-                added += db.execute(
-                    "INSERT INTO entries SELECT ?, priority, id, batch, attempts, due, state"
-                    " FROM entries WHERE grp = ?",
+                db.execute(
+                    "INSERT INTO runs SELECT ?, priority, id, n, batch, attempts, due, state,"
+                    " gone, left FROM runs WHERE grp = ?",
                     (gid, backlog),
-                ).rowcount
-        return added - _delete(db, "grp = ?", [(backlog,)])
+                )
+                added += db.execute(
+                    "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ?", (gid,)
+                ).fetchone()[0]
+        return added - _drop_runs(db, "grp = ?", (backlog,))
     elif kind == "G-":
-        gone = _delete(db, "grp = ?", [(op[1],)])
+        gone = _drop_runs(db, "grp = ?", (op[1],))
         db.execute("DELETE FROM groups WHERE id = ?", (op[1],))
         return -gone
     elif kind == "T-":
         tid = op[1]
-        gone = _delete(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", [(tid,)])
+        gone = _drop_runs(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,))
         db.execute("DELETE FROM groups WHERE topic = ?", (tid,))
         db.execute("DELETE FROM topics WHERE id = ?", (tid,))
         return -gone
     elif kind == "C":
-        return -_delete(db, "grp = ?", [(op[1],)])
+        return -_drop_runs(db, "grp = ?", (op[1],))
     elif kind == "PT":
         db.execute("UPDATE topics SET paused = ? WHERE id = ?", (op[2], op[1]))
     elif kind == "PG":

@@ -87,6 +87,11 @@ class Gateway:
         self.proc.send_signal(signal.SIGKILL)
         await self.proc.wait()
 
+    def reap(self) -> None:
+        """A failed test leaves no gateway behind."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
     async def stop(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
@@ -151,40 +156,43 @@ async def test_a_power_cut_keeps_what_the_policy_promises(tmp_path: Path, fsync:
     gw = Gateway(data_dir, fsync)
     sent: set[bytes] = set()  # a publish killed before its OK may be kept too
     cut_anything = False
-    async with trio.open_nursery() as nursery:
-        for round_ in range(3):
-            await gw.start(nursery)
-            consumer = await gw.connect()  # the channel, before anything is published
-            await consumer.send(b"SUB t c\n")
-            assert await consumer.frame() == (0, b"OK")
-            acked: dict[bytes, float] = {}
-            stop = trio.Event()
-            async with trio.open_nursery() as publishers:
-                for k in range(4):
-                    publishers.start_soon(publisher, gw, f"r{round_}p{k}", sent, acked, stop)
-                want = rng.randrange(200, 800)
-                with trio.fail_after(30):
-                    while len(acked) < want:
-                        await trio.sleep(0.01)
-                await gw.kill()
-                stop.set()
-            await consumer.aclose()
-            size_before = sum(p.stat().st_size for p in log_dir.iterdir())
-            started = cut_to_last_fsync(gw.err, log_dir)
-            cut_anything |= sum(p.stat().st_size for p in log_dir.iterdir()) < size_before
+    try:
+        async with trio.open_nursery() as nursery:
+            for round_ in range(3):
+                await gw.start(nursery)
+                consumer = await gw.connect()  # the channel, before anything is published
+                await consumer.send(b"SUB t c\n")
+                assert await consumer.frame() == (0, b"OK")
+                acked: dict[bytes, float] = {}
+                stop = trio.Event()
+                async with trio.open_nursery() as publishers:
+                    for k in range(4):
+                        publishers.start_soon(publisher, gw, f"r{round_}p{k}", sent, acked, stop)
+                    want = rng.randrange(200, 800)
+                    with trio.fail_after(30):
+                        while len(acked) < want:
+                            await trio.sleep(0.01)
+                    await gw.kill()
+                    stop.set()
+                await consumer.aclose()
+                size_before = sum(p.stat().st_size for p in log_dir.iterdir())
+                started = cut_to_last_fsync(gw.err, log_dir)
+                cut_anything |= sum(p.stat().st_size for p in log_dir.iterdir()) < size_before
 
-            await gw.start(nursery)
-            got = await drain(gw)
-            assert len(got) == len(set(got)), "a message came back twice"
-            assert set(got) <= sent, "a message nobody published"
-            missing = {body: at for body, at in acked.items() if body not in set(got)}
-            if fsync == "always":
-                assert not missing, f"round {round_}: {len(missing)} acknowledged lost"
-            else:
-                early = [body for body, at in missing.items() if at < started]
-                assert not early, (
-                    f"round {round_}: {len(early)} acknowledged before the last fsync lost"
-                )
-            await gw.stop()
+                await gw.start(nursery)
+                got = await drain(gw)
+                assert len(got) == len(set(got)), "a message came back twice"
+                assert set(got) <= sent, "a message nobody published"
+                missing = {body: at for body, at in acked.items() if body not in set(got)}
+                if fsync == "always":
+                    assert not missing, f"round {round_}: {len(missing)} acknowledged lost"
+                else:
+                    early = [body for body, at in missing.items() if at < started]
+                    assert not early, (
+                        f"round {round_}: {len(early)} acknowledged before the last fsync lost"
+                    )
+                await gw.stop()
+    finally:
+        gw.reap()
     # the cut was real at least once (the publishers keep the log ahead of its fsyncs)
     assert cut_anything or fsync == "always"

@@ -6,6 +6,8 @@ a trigger counts the same once opened here."""
 from __future__ import annotations
 
 import sqlite3
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
 from gateway.model import Message
@@ -100,23 +102,61 @@ async def test_the_backlog_handed_to_groups_holds_its_batch_once_per_group(
     assert batches(path) == {}
 
 
-async def test_a_file_written_with_the_earlier_trigger_counts_the_same(tmp_path: Path) -> None:
+# format 1, as earlier gateways wrote it: an entry per (group, message), and a trigger
+# that kept `refs` per deleted entry in files older still
+FORMAT_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE topics (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+    paused INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE groups (id INTEGER PRIMARY KEY, topic INTEGER NOT NULL, name TEXT,
+    paused INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE batches (id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL,
+    ttr REAL NOT NULL, origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
+    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL);
+CREATE TABLE entries (grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL,
+    batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
+    state INTEGER NOT NULL, PRIMARY KEY (grp, priority, id)) WITHOUT ROWID;
+CREATE TRIGGER entries_gone AFTER DELETE ON entries BEGIN
+    UPDATE batches SET refs = refs - 1 WHERE id = OLD.batch;
+    DELETE FROM batches WHERE id = OLD.batch AND refs <= 0; END;
+INSERT INTO topics VALUES (1, 't', 0);
+INSERT INTO groups VALUES (1, 1, NULL, 0), (2, 1, 'a', 0), (3, 1, 'b', 0);
+PRAGMA user_version = 1;
+"""
+
+
+async def test_a_format_1_file_is_converted_and_counts_the_same(tmp_path: Path) -> None:
     path = tmp_path / "gateway.db"
-    store, messages = await published(path, ["a", "b"])
-    await store.close()
-    # as an earlier gateway left it: refs kept by a trigger per deleted entry
     db = sqlite3.connect(path)
-    db.executescript(
-        "CREATE TRIGGER entries_gone AFTER DELETE ON entries BEGIN"
-        " UPDATE batches SET refs = refs - 1 WHERE id = OLD.batch;"
-        " DELETE FROM batches WHERE id = OLD.batch AND refs <= 0; END;"
+    db.executescript(FORMAT_1)
+    bodies = [b"body %d" % i for i in range(1, 5)]
+    ends = array("I", accumulate(map(len, bodies))).tobytes()
+    db.execute(
+        "INSERT INTO batches VALUES (1, 4, 1700000000000000001, 60, 'nsq', NULL, NULL, NULL,"
+        " ?, ?, 8)",
+        (b"".join(bodies), ends),
     )
+    db.executemany(
+        "INSERT INTO entries VALUES (?, 1024, ?, 1, ?, 0, ?)",
+        [(g, i, int(i == 2), int(i == 4)) for g in (2, 3) for i in range(1, 5)],
+    )
+    db.commit()
     db.close()
-    store = await opened(path)
-    store.remove("t", "a", messages)  # counted once, not by the trigger as well
+    store = SQLiteStore(path)
+    state = await store.open()
+    groups = state.topics["t"].groups
+    for name in ("a", "b"):
+        assert [(m.id, m.body, m.attempts) for m in groups[name].ready] == [
+            (1, b"body 1", 0), (2, b"body 2", 1), (3, b"body 3", 0)
+        ]  # fmt: skip
+        assert [m.id for m in groups[name].buried] == [4]
+    store.remove("t", "a", [msg(i) for i in range(1, 4)])
+    store.remove("t", "a", [msg(4)])
     await store.close()
-    assert batches(path) == {1: 4}
+    assert batches(path) == {1: 4}  # counted once, not by the trigger as well
     db = sqlite3.connect(path)
-    triggers = db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()
-    assert triggers == []
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert "entries" not in tables and "runs" in tables
+    assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall() == []
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
     db.close()

@@ -1,0 +1,124 @@
+"""The durable store's index keeps a group's messages in runs (gateway/stores/sqlite_sql.py):
+a publish is one row per group, finishes set bits in it, a change to one message splits
+the run around it. What comes back after a restart, and what a page-in reads, is exactly
+the messages still queued, with their fields, in (priority, id) order."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gateway.model import Message, Publish
+from gateway.stores import SQLiteStore
+
+
+def publish(first: int, n: int) -> Publish:
+    bodies = [b"m%d" % i for i in range(first, first + n)]
+    return Publish([Message(i, "t", b, 7) for i, b in enumerate(bodies, first)], bodies)
+
+
+def rows(path: Path) -> list[tuple[int, int, int, int]]:
+    """(priority, id, n, left) of every run, read from the closed file."""
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT priority, id, n, left FROM runs ORDER BY priority, id").fetchall()
+    finally:
+        db.close()
+
+
+async def opened(path: Path) -> SQLiteStore:
+    store = SQLiteStore(path)
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    return store
+
+
+async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    store = await opened(path)
+    msgs = publish(1, 10)
+    store.put("t", ["g"], msgs, 0.0)
+    await store._caught_up(store._recorded)  # in the index: one run
+    store.remove("t", "g", [msgs[2], msgs[3], msgs[6]])  # 3, 4, 7 finished
+    msgs[4].attempts = 1  # 5 delivered: same priority, the run splits around it
+    store.update("t", "g", msgs[4])
+    msgs[7].priority = 5  # 8 released more urgent: it moves
+    store.update("t", "g", msgs[7], priority_was=1024)
+    store.update("t", "g", msgs[8], buried=True)  # 9 buried
+    await store._caught_up(store._recorded)
+    await store.close()
+    assert rows(path) == [
+        (5, 8, 1, 1),  # 8, moved to its new priority
+        (1024, 1, 4, 2),  # 1, 2 (3, 4 finished)
+        (1024, 5, 1, 1),  # 5 on its own: attempts 1
+        (1024, 6, 2, 1),  # 6 (7 finished)
+        (1024, 9, 1, 1),  # 9, buried
+        (1024, 10, 1, 1),  # 10: what was left of the run after 9
+    ]
+    store = SQLiteStore(path)
+    state = await store.open()
+    g = state.topics["t"].groups["g"]
+    assert [(m.id, m.priority, m.attempts, m.body) for m in g.ready] == [
+        (8, 5, 0, b"m8"), (1, 1024, 0, b"m1"), (2, 1024, 0, b"m2"), (5, 1024, 1, b"m5"),
+        (6, 1024, 0, b"m6"), (10, 1024, 0, b"m10"),
+    ]  # fmt: skip
+    assert [m.id for m in g.buried] == [9]
+    # a page-in from the middle of a run reads on from there, past the holes
+    got = await store.load("t", "g", (1024, 2), 3)
+    assert [m.id for m in got] == [2, 5, 6]
+    got = await store.load("t", "g", (1024, 7), 10)
+    assert [m.id for m in got] == [10]
+    await store.close()
+
+
+async def test_published_changed_and_finished_before_the_index_caught_up(tmp_path: Path) -> None:
+    """Within one application of the log: a message finished is never written, a changed
+    one (its run's first, with the same priority) gets a run of its own beside the rest."""
+    path = tmp_path / "gateway.db"
+    store = await opened(path)
+    msgs = publish(1, 6)
+    store.put("t", ["g"], msgs, 0.0)
+    msgs[0].attempts = 1
+    store.update("t", "g", msgs[0])
+    store.remove("t", "g", [msgs[1], msgs[5]])
+    gone = publish(7, 3)
+    store.put("t", ["g"], gone, 0.0)
+    store.remove("t", "g", list(gone))
+    await store._caught_up(store._recorded)
+    await store.close()
+    # 1 on its own; 2-6 one run holding 3 (2 and 6 finished: bits in it)
+    assert sorted(r[1:] for r in rows(path)) == [(1, 1, 1), (2, 5, 3)]
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT id, refs FROM batches").fetchall() == [(1, 4)]
+    db.close()
+    store = SQLiteStore(path)
+    state = await store.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.attempts) for m in ready] == [(1, 1), (3, 0), (4, 0), (5, 0)]
+    await store.close()
+
+
+async def test_a_backlog_of_runs_fans_out_with_its_holes(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path)
+    await store.open()
+    store.add_topic("t")
+    msgs = publish(1, 8)
+    store.put("t", [], msgs, 0.0)  # no group yet: the topic's backlog
+    await store._caught_up(store._recorded)
+    store.remove("t", None, [msgs[0], msgs[4]])
+    store.fan_out_backlog("t", ["a", "b"])
+    await store._caught_up(store._recorded)
+    store.remove("t", "a", list(msgs[1:4]))
+    await store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT id, refs FROM batches").fetchall() == [(1, 6 + 3)]
+    db.close()
+    store = SQLiteStore(path)
+    state = await store.open()
+    groups = state.topics["t"].groups
+    assert [m.id for m in groups["a"].ready] == [6, 7, 8]
+    assert [m.id for m in groups["b"].ready] == [2, 3, 4, 6, 7, 8]
+    assert state.topics["t"].backlog == []
+    await store.close()
