@@ -417,7 +417,7 @@ class SQLiteStore(Store):
             if not self._unapplied:
                 self._unapplied_since = trio.current_time()
             self._unapplied.append(ops)
-            self._unapplied_bytes += len(frame)
+            self._unapplied_bytes += len(frame[0]) + len(frame[1])
             self._unapplied_records += len(ops)
             self._unapplied_pos = position
             self._unapplied_upto = self._written

@@ -32,7 +32,7 @@ class Disk:
         assert log is not None
         write, apply = log.write, store._apply_sync
 
-        def failing_write(frame: bytes) -> tuple[int, int]:
+        def failing_write(frame: tuple[bytes, bytes]) -> tuple[int, int]:
             if self.full:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return write(frame)

@@ -85,21 +85,20 @@ def test_a_log_yields_data_only() -> None:
 def test_a_failed_write_leaves_no_partial_frame(tmp_path: Path) -> None:
     log = Log(tmp_path, 1)
     log.write(encode([("R", 1)]))
-    real = os.write
-    calls = []
+    real_writev, real_write = os.writev, os.write
 
-    def half_then_full(fd: int, data: memoryview) -> int:
-        calls.append(len(data))
-        if len(calls) == 1:
-            return real(fd, data[:10])  # a short write...
+    def short_writev(fd: int, parts: tuple[bytes, bytes]) -> int:
+        return real_write(fd, b"".join(parts)[:10])  # a short write...
+
+    def full(fd: int, data: memoryview) -> int:
         raise OSError(28, "No space left on device")  # ...and the disk is full
 
-    store_log.os.write = half_then_full  # type: ignore[assignment]
+    store_log.os.writev, store_log.os.write = short_writev, full  # type: ignore[assignment]
     try:
         with pytest.raises(OSError):
             log.write(encode([("R", 2)]))
     finally:
-        store_log.os.write = real  # type: ignore[assignment]
+        store_log.os.writev, store_log.os.write = real_writev, real_write  # type: ignore[assignment]
     log.write(encode([("R", 3)]))
     log.close()
     assert frames(tmp_path) == [[("R", 1)], [("R", 3)]]
