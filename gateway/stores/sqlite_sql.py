@@ -11,8 +11,10 @@ Tables (docs/storage.md, "The index"):
   one row, not 100. Keyed (group, priority, first id): the key is the paging order, and
   the runs of one (group, priority) never overlap. `gone` is a bitmap of the run's
   messages no longer in it (finished, or moved out by a change of their fields), `left`
-  how many are; a run goes when `left` reaches 0. A change to one message of a run splits
-  it around that message, which then has a run of its own.
+  how many are; a run goes when `left` reaches 0. A delivery changes a message's attempts
+  only, which the run notes beside it (`tries`: offset and attempts, uint32 pairs); any
+  other change to one message of a run splits it around that message, which then has a
+  run of its own.
 * Whatever removes messages lowers their batches' `refs` by their count, once per batch,
   and drops a batch none is left in.
 
@@ -46,13 +48,14 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
-    state INTEGER NOT NULL, gone BLOB, left INTEGER NOT NULL,
+    state INTEGER NOT NULL, gone BLOB, left INTEGER NOT NULL, tries BLOB,
     PRIMARY KEY (grp, priority, id)) WITHOUT ROWID;
 """
 MIGRATE_1 = """
 BEGIN;
 DROP TRIGGER IF EXISTS entries_gone;
-INSERT INTO runs SELECT grp, priority, id, 1, batch, attempts, due, state, NULL, 1 FROM entries;
+INSERT INTO runs SELECT grp, priority, id, 1, batch, attempts, due, state, NULL, 1, NULL
+    FROM entries;
 DROP TABLE entries;
 DROP TABLE IF EXISTS seq;
 COMMIT;
@@ -68,14 +71,15 @@ _BATCH = (
     "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends"
     " FROM batches WHERE id = ?"
 )
-_COLS = "id, n, gone, left, batch, attempts, due, state"  # a run, as the code below reads it
+# a run, as the code below reads it
+_COLS = "id, n, gone, left, batch, attempts, due, state, tries"
 _HEAD = (
     f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ? ORDER BY id DESC LIMIT 1"
 )
 _AFTER = (
     f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
 )
-_INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)"
+_INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _GAP = 4096  # ids further apart than this are looked up in the index separately
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
@@ -155,8 +159,9 @@ def _expand(
 ) -> None:
     """The messages of one run still in it (from `from_id` on), appended to `out` until it
     holds `limit` (-1: all)."""
-    start, n, gone, _left, batch, attempts, due, _state = run
+    start, n, gone, _left, batch, attempts, due, _state, tries = run
     bits = int.from_bytes(gone, "little") if gone else 0
+    counts = _tries(tries) if tries else None
     ts, ttr, origin, reply_to, headers, block, bodies, ends = batches.get(batch)
     base = start - batch  # the run's first message's place in its batch
     for k in range(max(from_id - start, 0), n):
@@ -164,13 +169,27 @@ def _expand(
             continue
         j = base + k
         body = bodies[ends[j - 1] if j else 0 : ends[j]]
-        msg = Message(
-            start + k, topic, body, ts, headers, attempts, priority, due, ttr, reply_to, origin
-        )
+        a = counts.get(k, attempts) if counts else attempts
+        msg = Message(start + k, topic, body, ts, headers, a, priority, due, ttr, reply_to, origin)
         msg.header_block = block
         out.append(msg)
         if len(out) == limit:
             return
+
+
+def _tries(blob: bytes) -> dict[int, int]:
+    pairs = array("I")
+    pairs.frombytes(blob)
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+def _tries_blob(counts: dict[int, int]) -> bytes | None:
+    if not counts:
+        return None
+    pairs = array("I")
+    for k in sorted(counts):
+        pairs.extend((k, counts[k]))
+    return pairs.tobytes()
 
 
 def select(
@@ -347,21 +366,27 @@ def _put(
                 for i, _p in d.take(first, end):  # finished already: never written
                     bits |= 1 << (i - first)
             cuts = []
+            counts: dict[int, int] = {}
             c = changed.get(gid)
             if c is not None:
                 for i, u in c.take(first, end):
-                    if not bits >> (i - first) & 1:
+                    if bits >> (i - first) & 1:
+                        continue
+                    if fields is None and u[0] == priority and u[2] == due and u[3] == READY:
+                        counts[i - first] = u[1]  # a delivery: its attempts, noted in the run
+                    else:
                         cuts.append(i)
-                        run_rows.append((gid, u[0], i, 1, first, u[1], u[2], u[3], None, 1))
+                        row = (gid, u[0], i, 1, first, u[1], u[2], u[3], None, 1, None)
+                        run_rows.append(row)
                         refs += 1
             if fields is not None:  # messages with their own fields: a run each
                 for k, (p, a) in enumerate(fields):
                     if not bits >> k & 1 and first + k not in cuts:
-                        run_rows.append((gid, p, first + k, 1, first, a, due, READY, None, 1))
+                        run_rows.append((gid, p, first + k, 1, first, a, due, READY, None, 1, None))
                         refs += 1
                 continue
             run = (gid, priority, first, n, first, attempts, due, READY)
-            refs += _pieces(run, bits, cuts, run_rows)
+            refs += _pieces(run, bits, cuts, run_rows, counts)
         written += refs
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
@@ -396,18 +421,38 @@ def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -
     return [found[start] for start in sorted(found)]
 
 
-def _locate(runs: list[list[Any]], starts: list[int], i: int) -> list[Any] | None:
-    """The run of `runs` that holds message `i` (and still has it), if any."""
-    k = bisect_left(starts, i + 1) - 1
-    if k < 0:
-        return None
-    run = runs[k]
-    start, n, gone = run[0], run[1], run[2]
-    if i >= start + n:
-        return None
-    if gone and int.from_bytes(gone, "little") >> (i - start) & 1:
-        return None
-    return run
+def _assign(runs: list[list[Any]], ids: list[int]) -> dict[int, list[int]]:
+    """Which of `runs` (ascending, disjoint) holds each of `ids` (ascending), by the run's
+    first id; an id no run's range holds is left out. One pass over both."""
+    out: dict[int, list[int]] = {}
+    k = 0
+    count = len(runs)
+    for i in ids:
+        while k < count and runs[k][0] + runs[k][1] <= i:
+            k += 1
+        if k == count:
+            break
+        start = runs[k][0]
+        if i >= start:
+            held = out.get(start)
+            if held is None:
+                out[start] = [i]
+            else:
+                held.append(i)
+    return out
+
+
+def _mask(ids: list[int], start: int) -> int:
+    """The bits of `ids` (ascending) in a run starting at `start`: runs of consecutive ids
+    (what a consumer finishes, mostly) are one shift each."""
+    mask = 0
+    a = prev = ids[0]
+    for i in ids:
+        if i > prev + 1:
+            mask |= ((1 << (prev - a + 1)) - 1) << (a - start)
+            a = i
+        prev = i
+    return mask | ((1 << (prev - a + 1)) - 1) << (a - start)
 
 
 def _finish(db: sqlite3.Connection, finished: list[tuple[int, int, int]]) -> int:
@@ -422,27 +467,24 @@ def _finish(db: sqlite3.Connection, finished: list[tuple[int, int, int]]) -> int
     for (gid, priority), ids in by_key.items():
         ids.sort()
         runs = _covering(db, gid, priority, ids)
-        starts = [r[0] for r in runs]
-        bits: dict[int, int] = {}  # per run (by start): the finished messages' bits
-        for i in ids:
-            run = _locate(runs, starts, i)
-            if run is not None:
-                bits[run[0]] = bits.get(run[0], 0) | 1 << (i - run[0])
+        held = _assign(runs, ids)
         for run in runs:
-            b = bits.get(run[0])
-            if not b:
+            mine = held.get(run[0])
+            if not mine:
                 continue
             start, n, gone, left, batch = run[:5]
+            old = int.from_bytes(gone, "little") if gone else 0
+            b = _mask(mine, start) & ~old  # those still in the run
             k = b.bit_count()
+            if not k:
+                continue
             removed += k
             released[batch] = released.get(batch, 0) + k
             if left == k:
                 drops.append((gid, priority, start))
             else:
-                old = int.from_bytes(gone, "little") if gone else 0
-                updates.append(
-                    ((old | b).to_bytes((n + 7) // 8, "little"), left - k, gid, priority, start)
-                )
+                bits = (old | b).to_bytes((n + 7) // 8, "little")
+                updates.append((bits, left - k, gid, priority, start))
     if drops:
         db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
     if updates:
@@ -462,37 +504,71 @@ def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
     for u in changes:
         by_key.setdefault((u[4], u[5]), {})[u[6]] = u
     drops = []
-    inserts = []
+    inserts: list[tuple[Any, ...]] = []
+    in_place = []
+    noted = []
     for (gid, was), ups in by_key.items():
         ids = sorted(ups)
         runs = _covering(db, gid, was, ids)
-        starts = [r[0] for r in runs]
-        moving: dict[int, list[int]] = {}  # per run (by start): the messages leaving it
-        for i in ids:
-            run = _locate(runs, starts, i)
-            if run is not None:
-                moving.setdefault(run[0], []).append(i)
+        held = _assign(runs, ids)
         for run in runs:
-            out = moving.get(run[0])
+            mine = held.get(run[0])
+            if not mine:
+                continue
+            start, n, gone, _left, batch, attempts, due, state, tries = run
+            bits = int.from_bytes(gone, "little") if gone else 0
+            out = [i for i in mine if not bits >> (i - start) & 1] if bits else mine
             if not out:
                 continue
-            start, n, gone, _left, batch, attempts, due, state = run
-            drops.append((gid, was, start))
+            if n == 1:  # a run of one: changed where it is, or moved to its new priority
+                u = ups[start]
+                if u[0] == was:
+                    in_place.append((u[1], u[2], u[3], gid, was, start))
+                else:
+                    drops.append((gid, was, start))
+                    inserts.append((gid, u[0], start, 1, batch, u[1], u[2], u[3], None, 1, None))
+                continue
+            counts = _tries(tries) if tries else {}
+            moving = []
             for i in out:
                 u = ups[i]
-                inserts.append((gid, u[0], i, 1, batch, u[1], u[2], u[3], None, 1))
-            bits = int.from_bytes(gone, "little") if gone else 0
-            _pieces((gid, was, start, n, batch, attempts, due, state), bits, out, inserts)
+                if u[0] == was and u[2] == due and u[3] == state:
+                    counts[i - start] = u[1]  # attempts only (a delivery): noted in the run
+                else:
+                    moving.append(i)
+                    inserts.append((gid, u[0], i, 1, batch, u[1], u[2], u[3], None, 1, None))
+            if not moving:
+                noted.append((_tries_blob(counts), gid, was, start))
+                continue
+            drops.append((gid, was, start))
+            _pieces(
+                (gid, was, start, n, batch, attempts, due, state), bits, moving, inserts, counts
+            )
+    if in_place:
+        db.executemany(
+            "UPDATE runs SET attempts = ?, due = ?, state = ?"
+            " WHERE grp = ? AND priority = ? AND id = ?",
+            in_place,
+        )
+    if noted:
+        db.executemany("UPDATE runs SET tries = ? WHERE grp = ? AND priority = ? AND id = ?", noted)
     if drops:
         db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
     if inserts:
         db.executemany(_INSERT, inserts)
 
 
-def _pieces(run: tuple[Any, ...], bits: int, cuts: list[int], rows: list[tuple[Any, ...]]) -> int:
-    """The rows of a run (its key and fields, `bits` gone) without the messages `cuts`
-    (ascending), which leave it: the pieces between them, appended to `rows`, so that the
-    runs of a (group, priority) never overlap. Returns how many messages they hold."""
+def _pieces(
+    run: tuple[Any, ...],
+    bits: int,
+    cuts: list[int],
+    rows: list[tuple[Any, ...]],
+    counts: dict[int, int] | None = None,
+) -> int:
+    """The rows of a run (its key and fields, `bits` gone, `counts` its noted attempts)
+    without the messages `cuts` (ascending), which leave it: the pieces between them,
+    appended to `rows`, so that the runs of a (group, priority) never overlap. Returns how
+    many messages they hold."""
     gid, priority, start, n, batch, attempts, due, state = run
     held = 0
     piece = start
@@ -503,7 +579,14 @@ def _pieces(run: tuple[Any, ...], bits: int, cuts: list[int], rows: list[tuple[A
             left = size - pbits.bit_count()
             if left:
                 gone = pbits.to_bytes((size + 7) // 8, "little") if pbits else None
-                rows.append((gid, priority, piece, size, batch, attempts, due, state, gone, left))
+                at = piece - start
+                tries = (
+                    _tries_blob({k - at: a for k, a in counts.items() if at <= k < at + size})
+                    if counts
+                    else None
+                )
+                row = (gid, priority, piece, size, batch, attempts, due, state, gone, left, tries)
+                rows.append(row)
                 held += left
         piece = cut + 1
     return held
@@ -551,7 +634,7 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
             for gid in gids:
                 db.execute(
                     "INSERT INTO runs SELECT ?, priority, id, n, batch, attempts, due, state,"
-                    " gone, left FROM runs WHERE grp = ?",
+                    " gone, left, tries FROM runs WHERE grp = ?",
                     (gid, backlog),
                 )
                 added += db.execute(

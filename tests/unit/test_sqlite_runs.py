@@ -1,6 +1,6 @@
 """The durable store's index keeps a group's messages in runs (gateway/stores/sqlite_sql.py):
-a publish is one row per group, finishes set bits in it, a change to one message splits
-the run around it. What comes back after a restart, and what a page-in reads, is exactly
+a publish is one row per group, finishes set bits in it, a delivery's attempts are noted in
+it, any other change to one message splits the run around it. What comes back after a restart, and what a page-in reads, is exactly
 the messages still queued, with their fields, in (priority, id) order."""
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_p
     store.put("t", ["g"], msgs, 0.0)
     await store._caught_up(store._recorded)  # in the index: one run
     store.remove("t", "g", [msgs[2], msgs[3], msgs[6]])  # 3, 4, 7 finished
-    msgs[4].attempts = 1  # 5 delivered: same priority, the run splits around it
+    msgs[4].attempts = 1  # 5 delivered: its attempts noted in the run
     store.update("t", "g", msgs[4])
     msgs[7].priority = 5  # 8 released more urgent: it moves
     store.update("t", "g", msgs[7], priority_was=1024)
     store.update("t", "g", msgs[8], buried=True)  # 9 buried
+    msgs[9].attempts = 2  # 10 delivered twice: noted, and kept when the run is cut at 9
+    store.update("t", "g", msgs[9])
     await store._caught_up(store._recorded)
     await store.close()
     assert rows(path) == [
         (5, 8, 1, 1),  # 8, moved to its new priority
-        (1024, 1, 4, 2),  # 1, 2 (3, 4 finished)
-        (1024, 5, 1, 1),  # 5 on its own: attempts 1
-        (1024, 6, 2, 1),  # 6 (7 finished)
+        (1024, 1, 7, 4),  # 1, 2, 5 (attempts 1), 6; 3, 4 and 7 finished
         (1024, 9, 1, 1),  # 9, buried
         (1024, 10, 1, 1),  # 10: what was left of the run after 9
     ]
@@ -61,7 +61,7 @@ async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_p
     g = state.topics["t"].groups["g"]
     assert [(m.id, m.priority, m.attempts, m.body) for m in g.ready] == [
         (8, 5, 0, b"m8"), (1, 1024, 0, b"m1"), (2, 1024, 0, b"m2"), (5, 1024, 1, b"m5"),
-        (6, 1024, 0, b"m6"), (10, 1024, 0, b"m10"),
+        (6, 1024, 0, b"m6"), (10, 1024, 2, b"m10"),
     ]  # fmt: skip
     assert [m.id for m in g.buried] == [9]
     # a page-in from the middle of a run reads on from there, past the holes
@@ -73,8 +73,9 @@ async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_p
 
 
 async def test_published_changed_and_finished_before_the_index_caught_up(tmp_path: Path) -> None:
-    """Within one application of the log: a message finished is never written, a changed
-    one (its run's first, with the same priority) gets a run of its own beside the rest."""
+    """Within one application of the log: a message finished is never written, a delivered
+    one (its run's first) has its attempts noted in the run, a buried one (its run's
+    first, the same priority) gets a run of its own beside the rest."""
     path = tmp_path / "gateway.db"
     store = await opened(path)
     msgs = publish(1, 6)
@@ -82,20 +83,22 @@ async def test_published_changed_and_finished_before_the_index_caught_up(tmp_pat
     msgs[0].attempts = 1
     store.update("t", "g", msgs[0])
     store.remove("t", "g", [msgs[1], msgs[5]])
+    store.update("t", "g", msgs[2], buried=True)
     gone = publish(7, 3)
     store.put("t", ["g"], gone, 0.0)
     store.remove("t", "g", list(gone))
     await store._caught_up(store._recorded)
     await store.close()
-    # 1 on its own; 2-6 one run holding 3 (2 and 6 finished: bits in it)
-    assert sorted(r[1:] for r in rows(path)) == [(1, 1, 1), (2, 5, 3)]
+    # 1-2 (2 finished), 3 buried on its own, 4-6 (6 finished)
+    assert sorted(r[1:] for r in rows(path)) == [(1, 2, 1), (3, 1, 1), (4, 3, 2)]
     db = sqlite3.connect(path)
     assert db.execute("SELECT id, refs FROM batches").fetchall() == [(1, 4)]
     db.close()
     store = SQLiteStore(path)
     state = await store.open()
     ready = state.topics["t"].groups["g"].ready
-    assert [(m.id, m.attempts) for m in ready] == [(1, 1), (3, 0), (4, 0), (5, 0)]
+    assert [(m.id, m.attempts) for m in ready] == [(1, 1), (4, 0), (5, 0)]
+    assert [m.id for m in state.topics["t"].groups["g"].buried] == [3]
     await store.close()
 
 
