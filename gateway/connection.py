@@ -166,6 +166,7 @@ class Connection:
         metrics: Metrics,
         *,
         commit: Callable[[], Awaitable[None]] | None = None,
+        commit_now: Callable[[], bool] | None = None,
         buffered: Buffered | None = None,
         turn_budget: float = DEFAULT_TURN,
         max_errors_in_a_row: int = 0,
@@ -211,6 +212,8 @@ class Connection:
         self.bytes_out = ByteCount(bytes_out) if batched_bytes else bytes_out
         # the reply gate (see above)
         self._commit = commit
+        # settles a commit without waiting where the store can (Broker.flush_now)
+        self._commit_now = commit_now
         self._commits: deque[_Commit] = deque()  # started or open, oldest first
         self.open_commit: _Commit | None = None  # collecting the replies of a batch
         self._taken = 0  # frames ever taken off the head of `out` (a place = _taken + index)
@@ -333,16 +336,34 @@ class Connection:
         commit = self.open_commit
         if commit is not None:
             self.open_commit = None
-            await self._settle(commit)
+            if not self._settled_now(commit):
+                await self._settle(commit)
 
     def commit_soon(self) -> None:
         """Commit the open batch's records in a task of its own: the caller goes on (its
-        replies stay held until the commit settles, those of later batches behind them)."""
+        replies stay held until the commit settles, those of later batches behind them).
+        Where the store needs no wait, the commit settles here and now instead."""
         commit = self.open_commit
         if commit is not None:
             self.open_commit = None
-            assert self.nursery is not None
-            self.nursery.start_soon(self._commit_task, commit)
+            if not self._settled_now(commit):
+                assert self.nursery is not None
+                self.nursery.start_soon(self._commit_task, commit)
+
+    def _settled_now(self, commit: _Commit) -> bool:
+        """Settle `commit` without waiting if the store can: no task, no scheduler pass
+        between a reply and its commit. A failure takes the waiting path, which answers
+        it (and ends the connection where the protocol does)."""
+        if self._commit_now is None:
+            return False
+        try:
+            if not self._commit_now():
+                return False
+        except StoreUnavailable:
+            return False
+        commit.done = True
+        self._release()
+        return True
 
     async def settled(self, most: int = 0) -> None:
         """Until at most `most` commits hold replies (the open one started first)."""

@@ -185,6 +185,11 @@ class Broker:
         StoreUnavailable when the store cannot write (the publish must then be refused)."""
         await self.journal.flush()
 
+    def flush_now(self) -> bool:
+        """`flush` where the store needs no wait: True once every change so far is
+        stored; False when `flush` must be awaited. Raises StoreUnavailable as it does."""
+        return self.journal.flush_now()
+
     async def kick(self, group: Group, bound: int) -> int:
         """beanstalkd kick: buried messages back to ready, oldest first, or, none buried,
         deferred ones; how many. A shared store's are kicked there, whichever gateway

@@ -171,6 +171,14 @@ class Journal:
         """The group-commit point: returns once every change so far is stored."""
         await _door(self.store.flush())
 
+    def flush_now(self) -> bool:
+        """`flush` where it needs no wait (Store.flush_now): True once every change so
+        far is stored, False when `flush` must be awaited."""
+        try:
+            return self.store.flush_now()
+        except StoreError as exc:
+            raise _unavailable(exc) from exc
+
     async def close(self) -> None:
         await _door(self.store.close())
 

@@ -216,6 +216,13 @@ class Store(abc.ABC):
         system, or fsynced with fsync = "always", for a durable store). Raises StoreError
         when it cannot be written."""
 
+    def flush_now(self) -> bool:
+        """`flush` without waiting, where the store can: True once everything recorded
+        so far is accepted (the durable store's interval and "never" policies: one write
+        to the operating system); False when it would have to wait (an fsync, a server),
+        and then `flush` is awaited. Raises StoreError as `flush` does."""
+        return False
+
     def take_ids(self, n: int) -> int:
         """The first of `n` consecutive new ids (a store that `allocates_ids`)."""
         raise NotImplementedError

@@ -234,6 +234,9 @@ class MemoryStore(Store):
         if ceiling > self._last_id:
             self._last_id = ceiling
 
+    def flush_now(self) -> bool:
+        return True
+
     async def flush(self) -> None:
         # Accepted the moment it was recorded. No checkpoint here on purpose: a publish
         # path that awaits flush() must not yield to the scheduler for a memory store.

@@ -89,8 +89,6 @@ class SQLiteStore(Store):
         self._applied = 0  # ... up to the last the index holds
         self._written = 0  # records in the log so far
         self._written_pos: Position = (0, 0)  # the log's end after the last write
-        self._writer_due = False  # a flusher writes at its next turn, for the whole pass
-        self._written_event = trio.Event()
         self._wake = trio.Event()  # set by the first record after a write
         # in the log, not yet in the index: the frames' records, their size, the position
         # the last one ends at, and when (Trio clock) the oldest was written
@@ -370,23 +368,32 @@ class SQLiteStore(Store):
         """Set while the log or the index cannot be written: publishes are refused."""
         return self._log_failed or self._index_failed
 
-    async def flush(self) -> None:
-        # One write per pass of the scheduler: the first flusher with records to write
-        # lets the other tasks of this pass run (and record theirs) before it writes them
-        # all; those who come meanwhile wait for that write.
-        target = self._recorded
-        while self._written < target:
+    def flush_now(self) -> bool:
+        if self.fsync == "always":
+            return self._written >= self._recorded and self._synced_pos >= self._written_pos
+        if self._written < self._recorded:
             if self.failed is not None:
                 raise self.failed
-            if self._writer_due:
-                await self._written_event.wait()
-                continue
-            self._writer_due = True
-            try:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            finally:
-                self._writer_due = False
             self._write()
+            if self._written < self._recorded:
+                assert self.failed is not None
+                raise self.failed
+        return True
+
+    async def flush(self) -> None:
+        # The first flusher that finds records not yet in the log writes every record
+        # made so far, by every connection, with one write, at once: no thread and no
+        # checkpoint on the acknowledgement path. Connections that answer from a task of
+        # their own (the reply gate's commits) flush a pass after their records were made,
+        # so the first of them writes what all of them recorded in that pass, and the rest
+        # find it written.
+        if self._written < self._recorded:
+            if self.failed is not None:
+                raise self.failed
+            self._write()
+            if self._written < self._recorded:
+                assert self.failed is not None
+                raise self.failed
         if self.fsync == "always" and self._synced_pos < self._written_pos:
             await self._synced_through(self._written_pos)
         # no checkpoint when there is nothing to wait for: the publish hot path
@@ -394,43 +401,39 @@ class SQLiteStore(Store):
     def _write(self) -> None:
         """Everything recorded so far, in one frame, with one write (event loop)."""
         ops = self._ops
+        if not ops:
+            return
+        assert self._log is not None
+        started = time.perf_counter()
+        frame = encode(ops)
         try:
-            if not ops:
-                return
-            assert self._log is not None
-            started = time.perf_counter()
-            frame = encode(ops)
-            try:
-                position = self._log.write(frame)
-            except OSError as exc:
-                self._stats.write_errors += 1
-                first = self._log_failed is None
-                self._log_failed = StoreError(f"store {self.path}: write failed: {exc}")
-                if first:
-                    log.error("%s; publishes are refused until writes succeed again", self.failed)
-                return
-            self._ops = []
-            self._written = self._recorded
-            if self._synced_pos >= self._written_pos:
-                self._unsynced.set()
-            self._written_pos = position
-            if not self._unapplied:
-                self._unapplied_since = trio.current_time()
-            self._unapplied.append(ops)
-            self._unapplied_bytes += len(frame[0]) + len(frame[1])
-            self._unapplied_records += len(ops)
-            self._unapplied_pos = position
-            self._unapplied_upto = self._written
-            if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
-                self._apply_wake.set()
-            self._stats.commit_seconds.append(time.perf_counter() - started)
-            self._stats.commits += 1
-            if self._log_failed is not None:
-                log.warning("store %s: writes succeed again", self.path)
-                self._log_failed = None
-        finally:
-            event, self._written_event = self._written_event, trio.Event()
-            event.set()
+            position = self._log.write(frame)
+        except OSError as exc:
+            self._stats.write_errors += 1
+            first = self._log_failed is None
+            self._log_failed = StoreError(f"store {self.path}: write failed: {exc}")
+            if first:
+                log.error("%s; publishes are refused until writes succeed again", self.failed)
+            return
+        self._ops = []
+        self._written = self._recorded
+        if self._synced_pos >= self._written_pos:
+            self._unsynced.set()
+        self._written_pos = position
+        if not self._unapplied:
+            self._unapplied_since = trio.current_time()
+        self._unapplied.append(ops)
+        self._unapplied_bytes += len(frame[0]) + len(frame[1])
+        self._unapplied_records += len(ops)
+        self._unapplied_pos = position
+        self._unapplied_upto = self._written
+        if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
+            self._apply_wake.set()
+        self._stats.commit_seconds.append(time.perf_counter() - started)
+        self._stats.commits += 1
+        if self._log_failed is not None:
+            log.warning("store %s: writes succeed again", self.path)
+            self._log_failed = None
 
     async def _synced_through(self, position: Position) -> None:
         """Return once the log is fsynced up to `position` (group commit: a flush that
@@ -486,7 +489,7 @@ class SQLiteStore(Store):
             # records nobody waits for: let a few milliseconds' worth gather into one
             # write (a publish's flush writes at once anyway); a failing disk: back off
             await trio.sleep(_BACKGROUND_DELAY if self._log_failed is None else retry)
-            if self._ops and not self._writer_due:
+            if self._ops:
                 self._write()
             retry = _RETRY_FIRST if self._log_failed is None else min(retry * 2, _RETRY_MAX)
 

@@ -120,3 +120,53 @@ async def test_a_last_failure_ends_the_connection_and_nothing_after_it_leaves() 
     assert scope.cancelled_caught  # the connection ended after its last words
     assert conn.ended
     assert received(peer) == b"before FAILED(gone) "
+
+
+async def test_a_store_that_needs_no_wait_settles_the_commit_at_once_behind_earlier_ones() -> None:
+    """`commit_now` (Broker.flush_now): where the store accepts the batch without waiting,
+    its replies are released there and then, with no task and no scheduler pass, yet
+    still behind an earlier commit that waits; a store that fails takes the waiting path,
+    which answers the failure."""
+    commits = Commits()
+    now = [False]
+    failing: list[StoreUnavailable] = []
+
+    def commit_now() -> bool:
+        if failing:
+            raise failing[0]
+        return now[0]
+
+    ours, peer = socket.socketpair()
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    conn = Connection(
+        stream, "127.0.0.1:1", "nsq", Metrics(), commit=commits.flush, commit_now=commit_now
+    )
+    peer.setblocking(False)
+    async with trio.open_nursery() as nursery:
+        conn.nursery = nursery
+        conn.reply_after_commit(b"waits ", failed)
+        conn.commit_soon()  # needs a wait: a task of its own
+        now[0] = True
+        conn.reply_after_commit(b"at-once ", failed)
+        conn.commit_soon()  # settled here, but held behind the first
+        assert conn.commits_held == 2
+        await conn.flush()
+        assert received(peer) == b""
+        await trio.testing.wait_all_tasks_blocked()
+        commits.settle(0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert received(peer) == b"waits at-once "
+        conn.reply_after_commit(b"alone ", failed)
+        conn.commit_soon()
+        assert conn.commits_held == 0 and conn.held_from is None  # no task, no pass
+        await conn.flush()
+        assert received(peer) == b"alone "
+        failing.append(StoreUnavailable("disk full"))
+        conn.reply_after_commit(b"refused ", failed)
+        conn.commit_soon()
+        assert conn.commits_held == 1
+        await trio.testing.wait_all_tasks_blocked()
+        commits.settle(1, StoreUnavailable("disk full"))
+        await trio.testing.wait_all_tasks_blocked()
+        await conn.flush()
+        assert received(peer) == b"FAILED(disk full) "

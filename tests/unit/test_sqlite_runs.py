@@ -1,7 +1,8 @@
 """The durable store's index keeps a group's messages in runs (gateway/stores/sqlite_sql.py):
 a publish is one row per group, finishes set bits in it, a delivery's attempts are noted in
-it, any other change to one message splits the run around it. What comes back after a restart, and what a page-in reads, is exactly
-the messages still queued, with their fields, in (priority, id) order."""
+it, any other change to one message splits the run around it. What comes back after a
+restart, and what a page-in reads, is exactly the messages still queued, with their
+fields, in (priority, id) order."""
 
 from __future__ import annotations
 

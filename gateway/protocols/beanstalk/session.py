@@ -70,6 +70,7 @@ class BeanstalkSession:
             max_errors_in_a_row=server.max_errors_in_a_row,
             turn_budget=server.turn_budget,
             commit=server.broker.flush,
+            commit_now=server.broker.flush_now,
             batched_bytes=True,
         )
         self._owed = server.broker.owed  # which replies wait for their commit

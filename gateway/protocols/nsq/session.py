@@ -102,6 +102,7 @@ class NSQSession:
             "nsq",
             server.metrics,
             commit=server.broker.flush,
+            commit_now=server.broker.flush_now,
             turn_budget=server.turn_budget,
             batched_bytes=True,
         )

@@ -61,7 +61,15 @@ class RocketMQSession:
     def __init__(self, server: RocketMQServer, stream: trio.abc.Stream, remote: str) -> None:
         self.server = server
         self.remote = remote
-        self.conn = Connection(stream, remote, PROTOCOL, server.metrics, commit=server.broker.flush)
+        broker = server.broker
+        self.conn = Connection(
+            stream,
+            remote,
+            PROTOCOL,
+            server.metrics,
+            commit=broker.flush,
+            commit_now=broker.flush_now,
+        )
         self._owed = server.broker.owed  # which sends' answers wait for their commit
         self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)
         self._metrics = server.metrics
