@@ -86,7 +86,6 @@ class SQLiteStore(Store):
         # recorded, not yet in the log
         self._ops: list[tuple[Any, ...]] = []
         self._recorded = 0  # records made so far
-        self._applied = 0  # ... up to the last the index holds
         self._written = 0  # records in the log so far
         self._written_pos: Position = (0, 0)  # the log's end after the last write
         self._wake = trio.Event()  # set by the first record after a write
@@ -96,7 +95,6 @@ class SQLiteStore(Store):
         self._unapplied_bytes = 0
         self._unapplied_records = 0
         self._unapplied_pos: Position = (0, 0)
-        self._unapplied_upto = 0  # records made up to the last one written
         self._unapplied_since = 0.0
         self._applying = False
         self._apply_done: object = None  # the last records the index thread applied
@@ -426,7 +424,6 @@ class SQLiteStore(Store):
         self._unapplied_bytes += len(frame[0]) + len(frame[1])
         self._unapplied_records += len(ops)
         self._unapplied_pos = position
-        self._unapplied_upto = self._written
         if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
             self._apply_wake.set()
         self._stats.commit_seconds.append(time.perf_counter() - started)
@@ -539,7 +536,7 @@ class SQLiteStore(Store):
             await self._applied_event.wait()
             return self._index_failed is None
         frames, self._unapplied = self._unapplied, []
-        position, upto = self._unapplied_pos, self._unapplied_upto
+        position = self._unapplied_pos
         size, records = self._unapplied_bytes, self._unapplied_records
         self._unapplied_bytes = self._unapplied_records = 0
         self._applying = True
@@ -565,7 +562,6 @@ class SQLiteStore(Store):
             self._applying = False
             event, self._applied_event = self._applied_event, trio.Event()
             event.set()
-        self._applied = max(self._applied, upto)
         if self._index_failed is not None:
             log.warning("store %s: index writes succeed again", self.path)
             self._index_failed = None
@@ -620,10 +616,11 @@ class SQLiteStore(Store):
                 total += os.stat(f"{self.path}{suffix}").st_size
         return total
 
-    async def _caught_up(self, upto: int) -> None:
-        """Return once the index holds every record up to the `upto`th."""
+    async def caught_up(self) -> None:
+        """Return once the index holds everything recorded so far (everything written,
+        and nothing left to apply: no counter to spin on if an apply adds nothing)."""
         await self.flush()
-        while self._applied < upto:
+        while self._unapplied or self._applying:
             if not await self._apply():
                 assert self.failed is not None
                 raise self.failed
@@ -632,7 +629,7 @@ class SQLiteStore(Store):
         # what was spilled may be only in the log so far: the read must see its put, and
         # the finish of a message in memory that sorts after the spilled ones (a less
         # urgent one delivered before they came) must keep the read from loading it again
-        await self._caught_up(self._recorded)
+        await self.caught_up()
         t = self._topics.get(topic)
         gid = t.groups.get(group) if t is not None else None
         if gid is None:
@@ -662,7 +659,7 @@ class SQLiteStore(Store):
             retry = _RETRY_FIRST
             for _ in range(4):
                 with contextlib.suppress(StoreError):
-                    await self._caught_up(self._recorded)
+                    await self.caught_up()
                 if not self._ops and not self._unapplied:
                     break
                 self._log_failed = self._index_failed = None  # try again

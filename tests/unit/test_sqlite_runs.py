@@ -40,7 +40,7 @@ async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_p
     store = await opened(path)
     msgs = publish(1, 10)
     store.put("t", ["g"], msgs, 0.0)
-    await store._caught_up(store._recorded)  # in the index: one run
+    await store.caught_up()  # in the index: one run
     store.remove("t", "g", [msgs[2], msgs[3], msgs[6]])  # 3, 4, 7 finished
     msgs[4].attempts = 1  # 5 delivered: its attempts noted in the run
     store.update("t", "g", msgs[4])
@@ -49,7 +49,7 @@ async def test_a_publish_is_one_run_and_finishes_and_changes_keep_the_rest(tmp_p
     store.update("t", "g", msgs[8], buried=True)  # 9 buried
     msgs[9].attempts = 2  # 10 delivered twice: noted, and kept when the run is cut at 9
     store.update("t", "g", msgs[9])
-    await store._caught_up(store._recorded)
+    await store.caught_up()
     await store.close()
     assert rows(path) == [
         (5, 8, 1, 1),  # 8, moved to its new priority
@@ -88,7 +88,7 @@ async def test_published_changed_and_finished_before_the_index_caught_up(tmp_pat
     gone = publish(7, 3)
     store.put("t", ["g"], gone, 0.0)
     store.remove("t", "g", list(gone))
-    await store._caught_up(store._recorded)
+    await store.caught_up()
     await store.close()
     # 1-2 (2 finished), 3 buried on its own, 4-6 (6 finished)
     assert sorted(r[1:] for r in rows(path)) == [(1, 2, 1), (3, 1, 1), (4, 3, 2)]
@@ -110,10 +110,10 @@ async def test_a_backlog_of_runs_fans_out_with_its_holes(tmp_path: Path) -> None
     store.add_topic("t")
     msgs = publish(1, 8)
     store.put("t", [], msgs, 0.0)  # no group yet: the topic's backlog
-    await store._caught_up(store._recorded)
+    await store.caught_up()
     store.remove("t", None, [msgs[0], msgs[4]])
     store.fan_out_backlog("t", ["a", "b"])
-    await store._caught_up(store._recorded)
+    await store.caught_up()
     store.remove("t", "a", list(msgs[1:4]))
     await store.close()
     db = sqlite3.connect(path)

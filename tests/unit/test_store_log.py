@@ -160,9 +160,9 @@ async def test_segments_the_index_holds_are_deleted(
             store.put("t", ["g"], [Message(i, "t", b"x" * 200, 1)], 0.0)
             await store.flush()
         assert len(segments(log_dir)) > 10  # 4 KiB segments: many of them
-        await store._caught_up(store._recorded)  # the index holds it all now
+        await store.caught_up()  # the index holds it all now
         store.put("t", ["g"], [Message(401, "t", b"x" * 200, 1)], 0.0)
-        await store._caught_up(store._recorded)
+        await store.caught_up()
         assert store._log is not None
         assert segments(log_dir)[0] >= store._log.segment - 1
         nursery.cancel_scope.cancel()
