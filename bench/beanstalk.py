@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -113,15 +114,16 @@ def free_port() -> int:
 class Beanstalkd:
     """The real beanstalkd, pinned like the gateway; stopped by pid."""
 
-    def __init__(self, placement: Placement) -> None:
+    def __init__(self, placement: Placement, extra: Sequence[str] = ()) -> None:
         self.placement = placement
+        self.extra = list(extra)  # e.g. -b DIR: its binlog
         self.proc: subprocess.Popen[bytes] | None = None
         self.address: Address = ("127.0.0.1", 0)
 
     def start(self, timeout: float = 10.0) -> Address:
         for _ in range(5):
             self.address = ("127.0.0.1", free_port())
-            cmd = [BEANSTALKD, "-l", self.address[0], "-p", str(self.address[1])]
+            cmd = [BEANSTALKD, "-l", self.address[0], "-p", str(self.address[1]), *self.extra]
             self.proc = subprocess.Popen(
                 [*self.placement.server_prefix(), *cmd],
                 stdin=subprocess.DEVNULL,

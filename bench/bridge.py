@@ -9,17 +9,26 @@ takes them from topic ``bridge-<n>``, channel ``beanstalk`` (docs/semantics.md: 
 channel named like ``beanstalkd.group``, ``beanstalk`` by default, is the group the beanstalkd
 workers of the tube share, so no second copy waits anywhere).
 
-Systems under test, each pinned to CPU 0 (producers and consumer on CPU 1), one at a time:
+Systems under test, each pinned to CPU 0 (producers and consumer on CPU 1), one at a time,
+in each of two durabilities (``--durability``, both by default), each a table of its own:
 
-* ``gateway``: ``python -m gateway serve --beanstalk ... --nsq ... --store memory://``; the
-  producers put on its beanstalkd port, the consumer subscribes on its NSQ port.
+* ``memory``: nothing on disk. The gateway with ``--store memory://``, beanstalkd without a
+  binlog, nsqd with its default in-memory queue.
+* ``durable``: every side keeps what it acknowledged. The gateway on its default store (a
+  fresh ``--data-dir``, fsync every 50 ms), ``beanstalkd -b DIR`` (fsync every 50 ms) and
+  ``nsqd --mem-queue-size=0`` (every message through its disk queue).
+
+* ``gateway``: ``python -m gateway serve --beanstalk ... --nsq ...``; the producers put on
+  its beanstalkd port, the consumer subscribes on its NSQ port.
 * ``beanstalkd + bridge + nsqd``: a real beanstalkd, a real nsqd (``--nsqd HOST:PORT``, or
   started here from ``--nsqd-bin PATH``, default ``nsqd`` on PATH) and ``--bridges`` 1 and 4
   bridge processes, each with a raw-socket beanstalkd connection watching the tube and an NSQ
   connection:
-  ``single``: reserve, MPUB of 1, wait for OK, delete; ``batch``: reserve (waiting up to 1 s
-  for the first), then ``reserve-with-timeout 0`` until ``TIMED_OUT`` or ``--batch`` (100)
-  jobs, one MPUB of them, wait for OK, then the deletes pipelined in one write.
+  ``single``: reserve, MPUB of 1, wait for OK, delete; ``batch``, the strongest bridge a user
+  would write: reserve (waiting up to 1 s for the first), then ``--batch`` - 1 (99)
+  ``reserve-with-timeout 0`` sent in one write and their replies read (up to the first
+  ``TIMED_OUT``: the tube is empty), one MPUB of the jobs, wait for OK, then the deletes
+  pipelined in one write.
 
 Reported per system: throughput (jobs / first put -> last message consumed), publish-to-
 consume p50/p99 (the consumer's receive time minus the body's timestamp), and the CPU of the
@@ -32,6 +41,7 @@ alternative's, and its CPU per message below it.
     PYTHONPATH=. .venv/bin/python bench/bridge.py --nsqd-bin ../nsq/nsqd
     PYTHONPATH=. .venv/bin/python bench/bridge.py --nsqd 127.0.0.1:4150 --repeat 3
     PYTHONPATH=. .venv/bin/python bench/bridge.py --only gateway --jobs 2000   # quick look
+    PYTHONPATH=. .venv/bin/python bench/bridge.py --durability durable --nsqd-bin ../nsq/nsqd
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing.synchronize import Barrier
@@ -78,11 +89,13 @@ CHANNEL = "beanstalk"  # the gateway's default beanstalkd.group (docs/semantics.
 STAMP = nsq_bench.STAMP
 GATEWAY_ARGS = [
     *("serve", "--beanstalk", "127.0.0.1:0", "--nsq", "127.0.0.1:0", "--http", "off"),
-    *("--nats", "off", "--nats-route", "off", "--rocketmq", "off", "--store", "memory://"),
+    *("--nats", "off", "--nats-route", "off", "--rocketmq", "off"),
 ]
+DURABILITIES = ("memory", "durable")
 FIRST_RESERVE_S = 1  # a bridge waits this long for the first job of a batch
 TARGET_THROUGHPUT = 0.8  # gateway / best alternative, issue 15
 TARGET_P99 = 0.1
+TARGET_DURABLE = 0.8  # the gateway's default store / its memory store on the bridge
 
 
 class BridgeError(Exception):
@@ -181,8 +194,18 @@ def bridge_main(
             if first is None:
                 continue
             jobs = [first]
-            while len(jobs) < batch and (job := bs.reserve(0)) is not None:
-                jobs.append(job)
+            if batch > 1:
+                # the rest of the batch asked for in one write; the first TIMED_OUT means
+                # the tube is empty (the replies after it are TIMED_OUT too, or jobs put
+                # meanwhile, which go in this batch all the same)
+                bs.send(b"reserve-with-timeout 0\r\n" * (batch - 1))
+                for _ in range(batch - 1):
+                    line, body = bs.reply()
+                    if line.startswith(b"RESERVED "):
+                        assert body is not None
+                        jobs.append((line.split()[1], body))
+                    elif line != b"TIMED_OUT":
+                        raise BridgeError(f"reserve: {line!r}")
             nsq.send(nsq_bench.build_mpub(topic, [body for _, body in jobs]))
             nsq.expect_ok("MPUB")
             bs.send(b"".join(b"delete " + job_id + b"\r\n" for job_id, _ in jobs))
@@ -314,9 +337,13 @@ def measure(
 # -- the systems under test ------------------------------------------------------------------
 
 
-def run_gateway(a: argparse.Namespace, placement: Placement, original: set[int]) -> Run:
+def run_gateway(
+    a: argparse.Namespace, placement: Placement, original: set[int], durable: bool
+) -> Run:
     os.sched_setaffinity(0, original)
-    gateway = GatewayProcess(GATEWAY_ARGS, placement, ["beanstalk", "nsq"])
+    data_dir = tempfile.mkdtemp(prefix="bench-bridge-gateway-")
+    store = ["--data-dir", data_dir] if durable else ["--store", "memory://"]
+    gateway = GatewayProcess([*GATEWAY_ARGS, *store], placement, ["beanstalk", "nsq"])
     print(f"# starting: {' '.join(gateway.command)}", flush=True)
     try:
         addresses = gateway.start()
@@ -324,7 +351,7 @@ def run_gateway(a: argparse.Namespace, placement: Placement, original: set[int])
         placement.apply_to_client()
         topic = f"bridge-gw-{time.time_ns() % 10**9}"
         return measure(
-            "gateway",
+            "gateway (default store)" if durable else "gateway (memory store)",
             addresses["beanstalk"],
             addresses["nsq"],
             {"gateway": gateway.proc.pid},
@@ -333,6 +360,7 @@ def run_gateway(a: argparse.Namespace, placement: Placement, original: set[int])
         )
     finally:
         gateway.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
         os.sched_setaffinity(0, original)
 
 
@@ -344,9 +372,11 @@ def run_alternative(
     bridges: int,
     nsqd_addr: Address,
     nsqd_pid: int | None,
+    durable: bool,
 ) -> Run:
     os.sched_setaffinity(0, original)
-    beanstalkd = beanstalk_bench.Beanstalkd(placement)
+    binlog = tempfile.mkdtemp(prefix="bench-bridge-binlog-")
+    beanstalkd = beanstalk_bench.Beanstalkd(placement, ["-b", binlog] if durable else [])
     procs: list[multiprocessing.Process] = []
     try:
         bs_addr = beanstalkd.start()
@@ -366,7 +396,11 @@ def run_alternative(
         placement.apply_to_client()
         pids: dict[str, int | None] = {"beanstalkd": beanstalkd.proc.pid, "nsqd": nsqd_pid}
         pids.update({f"bridge{i}": p.pid for i, p in enumerate(procs)})
-        name = f"beanstalkd + {mode} bridge x{bridges} + nsqd"
+        name = (
+            f"beanstalkd -b + {mode} bridge x{bridges} + nsqd --mem-queue-size=0"
+            if durable
+            else f"beanstalkd + {mode} bridge x{bridges} + nsqd"
+        )
         run = measure(name, bs_addr, nsqd_addr, pids, a, topic)
         dead = [p for p in procs if not p.is_alive()]
         if dead:
@@ -380,6 +414,7 @@ def run_alternative(
                 p.terminate()
             p.join(5)
         beanstalkd.stop()
+        shutil.rmtree(binlog, ignore_errors=True)
         os.sched_setaffinity(0, original)
 
 
@@ -411,9 +446,9 @@ def print_run(r: Run) -> None:
 
 def summary(by_system: dict[str, list[Run]]) -> tuple[str, list[str]]:
     picked = {name: median(runs) for name, runs in by_system.items()}
-    alternatives = [r for name, r in picked.items() if name != "gateway" and r.rate]
+    alternatives = [r for name, r in picked.items() if not name.startswith("gateway") and r.rate]
     best = max(alternatives, key=lambda r: r.rate or 0.0, default=None)
-    gw = picked.get("gateway")
+    gw = next((r for name, r in picked.items() if name.startswith("gateway")), None)
     rows = []
     for name, r in picked.items():
         rates = [x.rate or 0.0 for x in by_system[name]]
@@ -485,6 +520,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=shutil.which("nsqd"),
         help="an nsqd binary to start here (default: nsqd on PATH; bench/README.md, Real servers)",
     )
+    ap.add_argument(
+        "--durability",
+        default=",".join(DURABILITIES),
+        help="memory (nothing on disk) and/or durable (every side on disk) (both)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per system; median shown (1)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run (120)")
     ap.add_argument(
@@ -495,6 +535,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.bridge_counts = [int(x) for x in a.bridges.split(",") if x.strip()]
     a.mode_list = [x.strip() for x in a.modes.split(",") if x.strip()]
     a.parts = {x.strip() for x in a.only.split(",") if x.strip()}
+    a.durabilities = [x.strip() for x in a.durability.split(",") if x.strip()]
+    if set(a.durabilities) - set(DURABILITIES):
+        ap.error("--durability takes memory,durable")
     if set(a.mode_list) - {"single", "batch"} or a.parts - {"gateway", "alternative"}:
         ap.error("--modes takes single,batch; --only takes gateway,alternative")
     if a.size < STAMP.size or min(a.jobs, a.producers, a.batch, a.repeat) < 1:
@@ -518,7 +561,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     placement = make_placement(a.pin)
     original = os.sched_getaffinity(0)
-    by_system: dict[str, list[Run]] = {}
     failures: list[str] = []
     nsqd: Nsqd | None = None
     print(
@@ -531,30 +573,42 @@ def main(argv: list[str] | None = None) -> int:
         f"repeat {a.repeat}",
         flush=True,
     )
+    tables: dict[str, dict[str, list[Run]]] = {}
     try:
-        nsqd_addr: Address | None = a.nsqd
-        nsqd_pid = pid_listening_on(a.nsqd[1]) if a.nsqd else None
-        if "alternative" in a.parts and nsqd_addr is None:
-            nsqd = Nsqd(a.nsqd_bin, placement)
-            nsqd_addr = nsqd.start()
-            nsqd_pid = nsqd.pid
-            print(f"# {nsqd.version()} at {format_addr(nsqd_addr)} pid {nsqd_pid}", flush=True)
-        elif nsqd_addr is not None:
-            print(f"# nsqd at {format_addr(nsqd_addr)} (not started here) pid {nsqd_pid}")
-        for _ in range(a.repeat):
-            if "gateway" in a.parts:
-                r = run_gateway(a, placement, original)
-                by_system.setdefault(r.system, []).append(r)
-                print_run(r)
-            if "alternative" in a.parts:
-                assert nsqd_addr is not None
-                for mode in a.mode_list:
-                    for bridges in a.bridge_counts:
-                        r = run_alternative(
-                            a, placement, original, mode, bridges, nsqd_addr, nsqd_pid
-                        )
-                        by_system.setdefault(r.system, []).append(r)
-                        print_run(r)
+        for durability in a.durabilities:
+            durable = durability == "durable"
+            by_system = tables.setdefault(durability, {})
+            print(f"\n## {durability}", flush=True)
+            nsqd_addr: Address | None = a.nsqd
+            nsqd_pid = pid_listening_on(a.nsqd[1]) if a.nsqd else None
+            if "alternative" in a.parts and nsqd_addr is None:
+                nsqd = Nsqd(a.nsqd_bin, placement, ["--mem-queue-size=0"] if durable else [])
+                nsqd_addr = nsqd.start()
+                nsqd_pid = nsqd.pid
+                print(
+                    f"# {nsqd.version()} at {format_addr(nsqd_addr)} pid {nsqd_pid}"
+                    + (" --mem-queue-size=0" if durable else ""),
+                    flush=True,
+                )
+            elif nsqd_addr is not None:
+                print(f"# nsqd at {format_addr(nsqd_addr)} (not started here) pid {nsqd_pid}")
+            for _ in range(a.repeat):
+                if "gateway" in a.parts:
+                    r = run_gateway(a, placement, original, durable)
+                    by_system.setdefault(r.system, []).append(r)
+                    print_run(r)
+                if "alternative" in a.parts:
+                    assert nsqd_addr is not None
+                    for mode in a.mode_list:
+                        for bridges in a.bridge_counts:
+                            r = run_alternative(
+                                a, placement, original, mode, bridges, nsqd_addr, nsqd_pid, durable
+                            )
+                            by_system.setdefault(r.system, []).append(r)
+                            print_run(r)
+            if nsqd is not None:
+                nsqd.stop()
+                nsqd = None
     except (RuntimeError, OSError) as exc:
         failures.append(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
@@ -563,12 +617,24 @@ def main(argv: list[str] | None = None) -> int:
         if nsqd is not None:
             nsqd.stop()
         os.sched_setaffinity(0, original)
-    print()
-    if by_system:
+    gateways: dict[str, float] = {}
+    for durability, by_system in tables.items():
+        if not by_system:
+            continue
+        print(f"\n## {durability}")
         table, verdicts = summary(by_system)
         print(table)
         for line in verdicts:
             print(line)
+        for name, runs in by_system.items():
+            if name.startswith("gateway") and median(runs).rate:
+                gateways[durability] = median(runs).rate or 0.0
+    if len(gateways) == 2 and gateways["memory"]:
+        ratio = gateways["durable"] / gateways["memory"]
+        print(
+            f"gateway default store / memory store = {ratio:.2f}x "
+            f"(target >= {TARGET_DURABLE}x: {'met' if ratio >= TARGET_DURABLE else 'MISSED'})"
+        )
     print(
         "msgs/s = jobs / (first put -> last message received); p50/p99 = publish-to-consume; "
         "CPU/msg = utime+stime of every process of the system under test / jobs"
@@ -576,10 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"placement: {placement.describe()}")
     for f in failures:
         print(f"FAILED: {f}")
+    every = [r for by_system in tables.values() for rs in by_system.values() for r in rs]
     if a.json:
-        runs = [asdict(r) for rs in by_system.values() for r in rs]
-        Path(a.json).write_text(json.dumps({"runs": runs}, indent=1))
-    ok = not failures and all(r.status == "ok" for rs in by_system.values() for r in rs)
+        Path(a.json).write_text(json.dumps({"runs": [asdict(r) for r in every]}, indent=1))
+    ok = not failures and all(r.status == "ok" for r in every)
     return 0 if ok else 1
 
 
