@@ -45,8 +45,8 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
-from gateway.stores.log import Log, Position, encode, replay, segments
-from gateway.stores.sqlite_open import TopicIds, lock_data_dir, recover
+from gateway.stores.log import Log, Position, encode, segments
+from gateway.stores.sqlite_open import TopicIds, connect, lock_data_dir, recover, replay_into
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -64,7 +64,6 @@ _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 _APPLY_BYTES = 8 * 1024 * 1024
 _APPLY_RECORDS = 50_000
 _APPLY_AGE = 0.5
-_REPLAY_RECORDS = 50_000  # records per transaction when a restart replays the log
 
 
 class SQLiteStore(Store):
@@ -121,43 +120,9 @@ class SQLiteStore(Store):
 
     def _open_sync(self, window: int) -> StoredState:
         self._lock()
-        wal = Path(f"{self.path}-wal")
-        if wal.exists() and wal.stat().st_size > 0:
-            # SQLite replays its committed frames and drops a torn tail (each frame
-            # carries a checksum): nothing to do but say so
-            log.warning(
-                "store %s: the index's write-ahead log (%d bytes) was left by an unclean stop",
-                self.path,
-                wal.stat().st_size,
-            )
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
-            # one connection, in one process that holds the data dir's lock anyway: no
-            # shared-memory WAL index and no file locking on every transaction
-            db.execute("PRAGMA locking_mode = EXCLUSIVE")
-            db.execute("PRAGMA journal_mode = WAL")
-            # the log makes acknowledgements durable; the index only has to stay whole
-            # (NORMAL: its WAL is fsynced at checkpoints), and it is synced before any
-            # segment it holds is deleted
-            db.execute("PRAGMA synchronous = NORMAL")
-            # the WAL file is cut back after checkpoints, so finished work gives space back
-            db.execute("PRAGMA journal_size_limit = 16777216")
-            db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if tables and version not in (1, sql.VERSION):
-                raise StoreError(
-                    f"store {self.path}: format {version} is not this gateway's"
-                    f" ({sql.VERSION}); move the file aside to start with an empty store"
-                )
-            db.executescript(sql.SCHEMA)
-            if tables and version == 1:
-                db.executescript(sql.MIGRATE_1)
-                log.warning("store %s: converted from format 1 to %d", self.path, sql.VERSION)
-            db.execute(f"PRAGMA user_version = {sql.VERSION}")
-            self._db = db
-            held = self._replay(db)
+            db = self._db = connect(self.path)
+            held = replay_into(db, self.log_dir, self._apply_sync)
             state = self._recover(db, window)
             # a new segment on every start, numbered past the index's position: positions
             # only grow, even where a power cut left the log shorter than the index
@@ -178,31 +143,6 @@ class SQLiteStore(Store):
 
     def _lock(self) -> None:
         self._lock_fd = lock_data_dir(self.path)
-
-    def _replay(self, db: sqlite3.Connection) -> Position:
-        """Apply the log's records the index lacks; returns the position it holds now."""
-        rows = dict(db.execute(sql.GET_LOG_POSITION).fetchall())
-        held: Position = (rows.get("log_segment", 0), rows.get("log_offset", 0))
-        if not self.log_dir.is_dir():
-            return held
-        ops: list[tuple[Any, ...]] = []
-        frames = 0
-        for position, records in replay(self.log_dir, held):
-            ops += records
-            held = position
-            frames += 1
-            if len(ops) >= _REPLAY_RECORDS:
-                self._apply_sync([ops], held)
-                ops = []
-        if ops:
-            self._apply_sync([ops], held)
-        if frames:
-            log.warning(
-                "store %s: %d writes of the log replayed into the index (an unclean stop)",
-                self.path,
-                frames,
-            )
-        return held
 
     def _recover(self, db: sqlite3.Connection, window: int) -> StoredState:
         found = recover(db, window)

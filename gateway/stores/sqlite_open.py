@@ -1,4 +1,6 @@
-"""Opening the durable store: the data dir's lock, and recovery of what the file holds.
+"""Opening the durable store: the data dir's lock, the index's connection (its schema made
+or converted), the log's records the index lacks replayed into it, and recovery of what
+the index holds.
 
 Runs on the store's worker thread, before anything is recorded.
 """
@@ -6,13 +8,20 @@ Runs on the store's worker thread, before anything is recorded.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
+from gateway.stores.log import Position, replay
+
+log = logging.getLogger("gateway.store")
+_REPLAY_RECORDS = 50_000  # records per transaction when a restart replays the log
 
 MIN_KEY = (-(1 << 63), -1)  # before every (priority, id)
 
@@ -53,6 +62,77 @@ def lock_data_dir(path: Path) -> int:
         os.close(fd)
         raise StoreError(f"data dir {path.parent}: not writable")
     return fd
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The index's one connection, its tables made (or a format 1 file converted)."""
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        # SQLite replays its committed frames and drops a torn tail (each frame carries a
+        # checksum): nothing to do but say so
+        log.warning(
+            "store %s: the index's write-ahead log (%d bytes) was left by an unclean stop",
+            path,
+            wal.stat().st_size,
+        )
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
+    # one connection, in one process that holds the data dir's lock anyway: no
+    # shared-memory WAL index and no file locking on every transaction
+    db.execute("PRAGMA locking_mode = EXCLUSIVE")
+    db.execute("PRAGMA journal_mode = WAL")
+    # the log makes acknowledgements durable; the index only has to stay whole (NORMAL:
+    # its WAL is fsynced at checkpoints), and it is synced before any segment it holds
+    # is deleted
+    db.execute("PRAGMA synchronous = NORMAL")
+    # the WAL file is cut back after checkpoints, so finished work gives space back
+    db.execute("PRAGMA journal_size_limit = 16777216")
+    db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if tables and version not in (1, sql.VERSION):
+        db.close()
+        raise StoreError(
+            f"store {path}: format {version} is not this gateway's"
+            f" ({sql.VERSION}); move the file aside to start with an empty store"
+        )
+    db.executescript(sql.SCHEMA)
+    if tables and version == 1:
+        db.executescript(sql.MIGRATE_1)
+        log.warning("store %s: converted from format 1 to %d", path, sql.VERSION)
+    db.execute(f"PRAGMA user_version = {sql.VERSION}")
+    return db
+
+
+def replay_into(
+    db: sqlite3.Connection,
+    log_dir: Path,
+    apply: Callable[[list[list[tuple[Any, ...]]], Position], None],
+) -> Position:
+    """Apply the log's records the index lacks (`apply`: records and the position they
+    end at, one transaction); returns the position the index holds now."""
+    rows = dict(db.execute(sql.GET_LOG_POSITION).fetchall())
+    held: Position = (rows.get("log_segment", 0), rows.get("log_offset", 0))
+    if not log_dir.is_dir():
+        return held
+    ops: list[tuple[Any, ...]] = []
+    frames = 0
+    for position, records in replay(log_dir, held):
+        ops += records
+        held = position
+        frames += 1
+        if len(ops) >= _REPLAY_RECORDS:
+            apply([ops], held)
+            ops = []
+    if ops:
+        apply([ops], held)
+    if frames:
+        log.warning(
+            "store %s: %d writes of the log replayed into the index (an unclean stop)",
+            log_dir,
+            frames,
+        )
+    return held
 
 
 @dataclass
