@@ -17,10 +17,11 @@ from prometheus_client.registry import Collector
 
 from gateway.broker import Broker, query
 
-# a commit is one transaction: tens of microseconds written to the OS, milliseconds with
-# an fsync, seconds on a struggling disk
+# a commit of the durable store is one write to its log: microseconds into the page
+# cache, milliseconds when the disk is busy, seconds on a struggling one
 COMMIT_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 
 
@@ -38,7 +39,8 @@ class StoreCollector(Collector):
             self._count += 1
             self._sum += seconds
         histogram = HistogramMetricFamily(
-            "gateway_store_commit_seconds", "Store group commits: time to write one, seconds"
+            "gateway_store_commit_seconds",
+            "Store commits (writes to the durable store's log): seconds each",
         )
         cumulative = []
         total = 0
