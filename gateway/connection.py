@@ -218,7 +218,7 @@ class Connection:
         self.open_commit: _Commit | None = None  # collecting the replies of a batch
         self._taken = 0  # frames ever taken off the head of `out` (a place = _taken + index)
         self.held_from: int | None = None  # the place of the first held frame; None: none
-        self._released = trio.Event()
+        self._released: trio.Event | None = None  # made by a task that waits for a release
         self.ended = False  # a failed commit's last words are queued
 
     # -- life cycle ------------------------------------------------------------------
@@ -369,6 +369,8 @@ class Connection:
         """Until at most `most` commits hold replies (the open one started first)."""
         self.commit_soon()
         while len(self._commits) > most:
+            if self._released is None:
+                self._released = trio.Event()
             await self._released.wait()
 
     async def _settle(self, commit: _Commit) -> None:
@@ -415,8 +417,9 @@ class Connection:
                     break
         if not self.ended:
             self.held_from = commits[0].replies[0][0] if commits else None
-        self._released.set()
-        self._released = trio.Event()
+        if self._released is not None:  # only when a task waits: one Event per wait
+            self._released.set()
+            self._released = None
 
     # -- output ----------------------------------------------------------------------
 

@@ -185,6 +185,11 @@ class Broker:
         StoreUnavailable when the store cannot write (the publish must then be refused)."""
         await self.journal.flush()
 
+    @property
+    def flush_waits(self) -> bool:
+        """Whether `flush` usually waits (Store.flush_waits)."""
+        return self.journal.flush_waits
+
     def flush_now(self) -> bool:
         """`flush` where the store needs no wait: True once every change so far is
         stored; False when `flush` must be awaited. Raises StoreUnavailable as it does."""

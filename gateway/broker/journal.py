@@ -122,7 +122,8 @@ class Recorder:
 
 class Journal:
     __slots__ = (
-        *("allocates_ids", "backend", "ceiling", "durable", "forgets", "pager", "reserved"),
+        *("allocates_ids", "backend", "ceiling", "durable", "flush_waits", "forgets", "pager"),
+        "reserved",
         *("owed", "store"),
     )
 
@@ -136,6 +137,7 @@ class Journal:
         self.forgets = store.forgets if store else True
         self.durable = store.durable if store else False
         self.allocates_ids = store.allocates_ids if store else False
+        self.flush_waits = store.flush_waits if store else False
         # the last id reserved in the store, and a block below it the point past which
         # the next block is reserved; the broker compares each publish's last id with
         # `ceiling` before calling ids_used (one test instead of a call)

@@ -216,6 +216,10 @@ class Store(abc.ABC):
         system, or fsynced with fsync = "always", for a durable store). Raises StoreError
         when it cannot be written."""
 
+    # whether `flush` usually waits (a disk's fsync, a server): a session then lets what
+    # the client has already sent join a batch before its commit
+    flush_waits: bool = False
+
     def flush_now(self) -> bool:
         """`flush` without waiting, where the store can: True once everything recorded
         so far is accepted (the durable store's interval and "never" policies: one write

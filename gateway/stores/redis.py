@@ -84,6 +84,7 @@ class RedisStore(SharedStore):
     durable = True
     pages = True
     allocates_ids = True
+    flush_waits = True  # a round trip to Redis
 
     def __init__(self, target: RedisTarget, *, wait: float = math.inf) -> None:
         self.target = target

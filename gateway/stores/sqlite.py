@@ -71,6 +71,7 @@ class SQLiteStore(Store):
     pages = True
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: FsyncPolicy = 50) -> None:
+        self.flush_waits = fsync == "always"  # otherwise one write on the event loop
         self.path = Path(path)
         self.log_dir = Path(f"{self.path}-log")
         self.where = str(self.path)

@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
-    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL);
+    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB);
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 MIGRATE_1 = """
 BEGIN;
+ALTER TABLE batches ADD COLUMN stamps BLOB;
 DROP TRIGGER IF EXISTS entries_gone;
 INSERT INTO runs SELECT grp, priority, id, 1, batch, attempts, due, state, NULL, 1, NULL
     FROM entries;
@@ -68,7 +69,7 @@ RAISE_CEILING = (
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
 _BATCH = (
-    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends"
+    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps"
     " FROM batches WHERE id = ?"
 )
 # a run, as the code below reads it
@@ -103,18 +104,18 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     fields; a publish's messages share all but their bodies and ids)."""
     first = messages[0]
     n = len(messages)
-    if isinstance(messages, Publish):
-        fields = None
-        raw = messages.bodies
-    else:
-        fields = [(m.priority, m.attempts) for m in messages]
-        if fields.count(fields[0]) == n:
-            fields = None
-        raw = [m.body for m in messages]
-    if n == 1:
+    fields = None
+    if n == 1:  # most publishes: one message, its fields the run's
         bodies = first.body if type(first.body) is bytes else bytes(first.body)
         ends = None
     else:
+        if isinstance(messages, Publish):
+            raw = messages.bodies
+        else:
+            fields = [(m.priority, m.attempts) for m in messages]
+            if fields.count(fields[0]) == n:
+                fields = None
+            raw = [m.body for m in messages]
         bodies = b"".join(raw)
         ends = array("I", accumulate(map(len, raw))).tobytes()
     headers = json.dumps(first.headers) if first.headers else None
@@ -144,7 +145,11 @@ class _Batches:
             ends = array("I")
             ends.frombytes(row[7])
             headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
-            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends)
+            stamps = None
+            if row[8]:
+                stamps = array("q")
+                stamps.frombytes(row[8])
+            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends, stamps)
         return b
 
 
@@ -162,7 +167,7 @@ def _expand(
     start, n, gone, _left, batch, attempts, due, _state, tries = run
     bits = int.from_bytes(gone, "little") if gone else 0
     counts = _tries(tries) if tries else None
-    ts, ttr, origin, reply_to, headers, block, bodies, ends = batches.get(batch)
+    ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps = batches.get(batch)
     base = start - batch  # the run's first message's place in its batch
     for k in range(max(from_id - start, 0), n):
         if bits >> k & 1:
@@ -170,7 +175,10 @@ def _expand(
         j = base + k
         body = bodies[ends[j - 1] if j else 0 : ends[j]]
         a = counts.get(k, attempts) if counts else attempts
-        msg = Message(start + k, topic, body, ts, headers, a, priority, due, ttr, reply_to, origin)
+        stamp = stamps[j] if stamps else ts
+        msg = Message(
+            start + k, topic, body, stamp, headers, a, priority, due, ttr, reply_to, origin
+        )
         msg.header_block = block
         out.append(msg)
         if len(out) == limit:
@@ -356,7 +364,7 @@ def _put(
     batch_rows = []
     run_rows = []
     written = 0
-    for _, gids, first, n, due, priority, attempts, fields, batch in puts:
+    for _, gids, first, n, due, priority, attempts, fields, batch, stamps in _coalesced(puts):
         end = first + n
         refs = 0
         for gid in gids:
@@ -393,13 +401,59 @@ def _put(
             if ends is None:
                 ends = array("I", (len(bodies),)).tobytes()
             batch_rows.append(
-                (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs)
-            )
+                (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs,
+                 stamps)
+            )  # fmt: skip
     if batch_rows:
-        db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
+        db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
     if run_rows:
         db.executemany(_INSERT, run_rows)
     return written
+
+
+def _coalesced(puts: list[Op]) -> list[Op]:
+    """The publishes, those of one message each that follow one another (ids, groups and
+    every field alike but the timestamp: a producer's PUBs one at a time, or several
+    producers' into one topic) joined into one: one batch row and one run per group
+    instead of one of each per message. Each comes back with its batch's timestamps
+    (int64 each, or None when one is everyone's)."""
+    out: list[Op] = []
+    chain: list[Op] = []
+
+    def close() -> None:
+        if len(chain) == 1:
+            out.append((*chain[0], None))
+        else:
+            head = chain[0]
+            ts, ttr, origin, reply_to, headers, block = head[8][:6]
+            raw = [op[8][6] for op in chain]
+            ends = array("I", accumulate(map(len, raw))).tobytes()
+            times = [op[8][0] for op in chain]
+            stamps = array("q", times).tobytes() if times.count(ts) != len(times) else None
+            batch = (ts, ttr, origin, reply_to, headers, block, b"".join(raw), ends)
+            out.append((*head[:3], len(chain), *head[4:8], batch, stamps))
+        chain.clear()
+
+    for op in puts:
+        if chain:
+            last = chain[-1]
+            if (
+                op[3] == 1
+                and op[2] == last[2] + 1
+                and op[1] == last[1]
+                and op[4:8] == last[4:8]
+                and op[8][1:6] == last[8][1:6]
+            ):
+                chain.append(op)
+                continue
+            close()
+        if op[3] == 1 and op[7] is None:
+            chain.append(op)
+        else:
+            out.append((*op, None))
+    if chain:
+        close()
+    return out
 
 
 def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -> list[list[Any]]:

@@ -109,6 +109,7 @@ class NSQSession:
         # its wait, as a publisher, for the NATS subscribers it feeds faster than they read
         self.stall = Stall()
         self._owed = server.broker.owed  # which publishes wait for their commit
+        self._flush_waits = server.broker.flush_waits  # see _read_more
         self.codec = NSQServerCodec(server.limits)
         self.codec.tls_required = server.tls_required and server.ssl_context is not None
         self.connect_ts = int(time.time())
@@ -254,7 +255,7 @@ class NSQSession:
                     break
                 event = codec.next_event()
                 if event is None:
-                    if conn.open_commit is not None and self._read_more():
+                    if conn.open_commit is not None and self._flush_waits and self._read_more():
                         continue  # more input is here already: the same commit takes it
                     break
                 got_command = True
@@ -328,11 +329,12 @@ class NSQSession:
         return more
 
     def _read_more(self) -> bool:
-        """With a store whose flush waits (Redis, the durable store), what the client has
-        already sent joins the batch before its commit, with one non-blocking read: a
-        producer with several MPUBs outstanding (one read holds about three of 20 KB) then
-        waits for one commit instead of one per read. Never when nothing waits for a
-        commit (the memory store), where the read would usually find nothing."""
+        """With a store whose flush waits (Redis, the durable store with fsync = "always"),
+        what the client has already sent joins the batch before its commit, with one
+        non-blocking read: a producer with several MPUBs outstanding (one read holds about
+        three of 20 KB) then waits for one commit instead of one per read. Never when the
+        commit does not wait (the memory store, the durable store's one write), where the
+        read would usually find nothing."""
         conn = self.conn
         if conn.fd is None:
             return False
