@@ -56,6 +56,7 @@ FsyncPolicy = Literal["always", "never"] | int
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between retries of a failed write
 _VACUUM_PAGES = 2048  # pages given back per maintenance pass (8 MB at 4 KiB)
 _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
+_MAINTAIN_QUIET = 1.0  # seconds without an index update before a maintenance pass
 _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 # The index is brought up to date when this much is waiting for it, or this long after
 # the oldest record it lacks: long enough that most messages of a busy queue are published
@@ -97,6 +98,7 @@ class SQLiteStore(Store):
         self._unapplied_pos: Position = (0, 0)
         self._unapplied_since = 0.0
         self._applying = False
+        self._applied_at = 0.0  # Trio clock: the last update of the index
         self._apply_done: object = None  # the last records the index thread applied
         self._applied_event = trio.Event()
         self._apply_wake = trio.Event()
@@ -462,7 +464,13 @@ class SQLiteStore(Store):
                     await trio.sleep(retry)  # a failing disk: try again, backing off
                     retry = min(retry * 2, _RETRY_MAX)
                     continue
-            if trio.current_time() >= next_maintenance:
+            now = trio.current_time()
+            if now >= next_maintenance:
+                if self._unapplied or now - self._applied_at < _MAINTAIN_QUIET:
+                    # giving pages back moves them about in the file: not while traffic
+                    # keeps the index busy (SQLite reuses the free pages meanwhile)
+                    next_maintenance = now + _MAINTAIN_BUSY
+                    continue
                 freed = False
                 with contextlib.suppress(sqlite3.Error, OSError):
                     freed = await self._worker.run(self._maintain)
@@ -501,6 +509,7 @@ class SQLiteStore(Store):
             return False
         finally:
             self._applying = False
+            self._applied_at = trio.current_time()
             event, self._applied_event = self._applied_event, trio.Event()
             event.set()
         if self._index_failed is not None:
