@@ -35,6 +35,7 @@ from typing import Any, Literal
 import trio
 
 from gateway.model import Message
+from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Delivery,
@@ -586,7 +587,7 @@ class SQLiteStore(Store):
             return []
         db = self._db
         assert db is not None
-        return await self._worker.run(sql.select_ready, db, topic, gid, after, limit)
+        return await self._worker.run(read.select_ready, db, topic, gid, after, limit)
 
     def stats(self) -> StoreStats:
         stats = self._stats

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
 from gateway.stores.log import Position, replay
@@ -171,14 +172,14 @@ def recover(db: sqlite3.Connection, window: int) -> Recovered:
             t = topics[topic_name] = TopicIds(tid, 0)
         if name is None:
             t.backlog = gid
-            st.backlog = sql.select(db, topic_name, "grp = ?", (gid,), by_id=True)
+            st.backlog = read.select(db, topic_name, "grp = ?", (gid,), by_id=True)
             continue
         t.groups[name] = gid
         sg = st.groups[name] = StoredGroup(name, bool(paused))
-        ready = sql.count_ready(db, gid)
-        sg.ready = sql.select_ready(db, topic_name, gid, MIN_KEY, window if window > 0 else -1)
+        ready = read.count_ready(db, gid)
+        sg.ready = read.select_ready(db, topic_name, gid, MIN_KEY, window if window > 0 else -1)
         sg.spilled = ready - len(sg.ready)
-        sg.ready += sql.select(db, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
-        sg.buried = sql.select(db, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
-    found.entries = sql.count_all(db)
+        sg.ready += read.select(db, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
+        sg.buried = read.select(db, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
+    found.entries = read.count_all(db)
     return found

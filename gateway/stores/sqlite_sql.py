@@ -1,6 +1,6 @@
 """The durable store's index: its tables and the worker thread's side, applying the log's
-records and reading messages back. Nothing here runs on the event loop but `put_record`,
-which makes a publish's record.
+records (reading them back is sqlite_read.py). Nothing here runs on the event loop but
+`put_record`, which makes a publish's record.
 
 Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish, holding all of its bodies end to end (`ends`: where
@@ -68,17 +68,13 @@ RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
-_BATCH = (
-    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps"
-    " FROM batches WHERE id = ?"
-)
 # a run, as the code below reads it
-_COLS = "id, n, gone, left, batch, attempts, due, state, tries"
+COLS = "id, n, gone, left, batch, attempts, due, state, tries"
 _HEAD = (
-    f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ? ORDER BY id DESC LIMIT 1"
+    f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ? ORDER BY id DESC LIMIT 1"
 )
 _AFTER = (
-    f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
+    f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
 )
 _INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _GAP = 4096  # ids further apart than this are looked up in the index separately
@@ -128,129 +124,19 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
-# -- reading ---------------------------------------------------------------------
-
-
-class _Batches:
-    """The batches one read needs, each read once: its shared fields and bodies."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.cache: dict[int, tuple[Any, ...]] = {}
-
-    def get(self, batch: int) -> tuple[Any, ...]:
-        b = self.cache.get(batch)
-        if b is None:
-            row = self.db.execute(_BATCH, (batch,)).fetchone()
-            ends = array("I")
-            ends.frombytes(row[7])
-            headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
-            stamps = None
-            if row[8]:
-                stamps = array("q")
-                stamps.frombytes(row[8])
-            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends, stamps)
-        return b
-
-
-def _expand(
-    batches: _Batches,
-    topic: str,
-    priority: int,
-    run: Sequence[Any],
-    out: list[Message],
-    from_id: int = 0,
-    limit: int = -1,
-) -> None:
-    """The messages of one run still in it (from `from_id` on), appended to `out` until it
-    holds `limit` (-1: all)."""
-    start, n, gone, _left, batch, attempts, due, _state, tries = run
-    bits = int.from_bytes(gone, "little") if gone else 0
-    counts = _tries(tries) if tries else None
-    ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps = batches.get(batch)
-    base = start - batch  # the run's first message's place in its batch
-    for k in range(max(from_id - start, 0), n):
-        if bits >> k & 1:
-            continue
-        j = base + k
-        body = bodies[ends[j - 1] if j else 0 : ends[j]]
-        a = counts.get(k, attempts) if counts else attempts
-        stamp = stamps[j] if stamps else ts
-        msg = Message(
-            start + k, topic, body, stamp, headers, a, priority, due, ttr, reply_to, origin
-        )
-        msg.header_block = block
-        out.append(msg)
-        if len(out) == limit:
-            return
-
-
-def _tries(blob: bytes) -> dict[int, int]:
+def tries_of(blob: bytes) -> dict[int, int]:
     pairs = array("I")
     pairs.frombytes(blob)
     return dict(zip(pairs[::2], pairs[1::2], strict=True))
 
 
-def _tries_blob(counts: dict[int, int]) -> bytes | None:
+def tries_blob(counts: dict[int, int]) -> bytes | None:
     if not counts:
         return None
     pairs = array("I")
     for k in sorted(counts):
         pairs.extend((k, counts[k]))
     return pairs.tobytes()
-
-
-def select(
-    db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...], *, by_id: bool = False
-) -> list[Message]:
-    """Every message of the runs `where` selects, in key order (`by_id`: in id order)."""
-    batches = _Batches(db)
-    out: list[Message] = []
-    for row in db.execute(f"SELECT priority, {_COLS} FROM runs WHERE {where}", args).fetchall():
-        _expand(batches, topic, row[0], row[1:], out)
-    if by_id:
-        out.sort(key=lambda m: m.id)
-    return out
-
-
-def select_ready(
-    db: sqlite3.Connection, topic: str, gid: int, after: tuple[int, int], limit: int
-) -> list[Message]:
-    """Up to `limit` (-1: all) of a group's ready messages, due now, from (priority, id)
-    `after` on, in that order: the run holding `after`, then the runs after it."""
-    batches = _Batches(db)
-    out: list[Message] = []
-    priority, first = after
-    head = db.execute(
-        f"SELECT {_COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ?"
-        " AND state = 0 AND due = 0 ORDER BY id DESC LIMIT 1",
-        (gid, priority, first),
-    ).fetchone()
-    if head is not None and head[0] + head[1] > first:
-        _expand(batches, topic, priority, head, out, first, limit)
-    if len(out) == limit:
-        return out
-    cursor = db.execute(
-        f"SELECT priority, {_COLS} FROM runs WHERE grp = ? AND (priority, id) > (?, ?)"
-        " AND state = 0 AND due = 0 ORDER BY grp, priority, id",
-        (gid, priority, first),
-    )
-    for row in cursor:
-        _expand(batches, topic, row[0], row[1:], out, 0, limit)
-        if len(out) == limit:
-            break
-    cursor.close()
-    return out
-
-
-def count_ready(db: sqlite3.Connection, gid: int) -> int:
-    return db.execute(
-        "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ? AND state = 0 AND due = 0", (gid,)
-    ).fetchone()[0]
-
-
-def count_all(db: sqlite3.Connection) -> int:
-    return db.execute("SELECT coalesce(sum(left), 0) FROM runs").fetchone()[0]
 
 
 # -- applying the log's records ---------------------------------------------------
@@ -458,7 +344,7 @@ def _coalesced(puts: list[Op]) -> list[Op]:
 
 def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -> list[list[Any]]:
     """The runs of (group, priority) that hold `ids` (ascending), in id order, as lists
-    of their columns (`_COLS`), each read once."""
+    of their columns (`COLS`), each read once."""
     found: dict[int, list[Any]] = {}
     k = 0
     while k < len(ids):
@@ -582,7 +468,7 @@ def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
                     drops.append((gid, was, start))
                     inserts.append((gid, u[0], start, 1, batch, u[1], u[2], u[3], None, 1, None))
                 continue
-            counts = _tries(tries) if tries else {}
+            counts = tries_of(tries) if tries else {}
             moving = []
             for i in out:
                 u = ups[i]
@@ -592,7 +478,7 @@ def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
                     moving.append(i)
                     inserts.append((gid, u[0], i, 1, batch, u[1], u[2], u[3], None, 1, None))
             if not moving:
-                noted.append((_tries_blob(counts), gid, was, start))
+                noted.append((tries_blob(counts), gid, was, start))
                 continue
             drops.append((gid, was, start))
             _pieces(
@@ -635,7 +521,7 @@ def _pieces(
                 gone = pbits.to_bytes((size + 7) // 8, "little") if pbits else None
                 at = piece - start
                 tries = (
-                    _tries_blob({k - at: a for k, a in counts.items() if at <= k < at + size})
+                    tries_blob({k - at: a for k, a in counts.items() if at <= k < at + size})
                     if counts
                     else None
                 )

@@ -1,0 +1,126 @@
+"""The durable store's index, read back: the messages of runs, with their bodies cut out of
+their batches. Runs on the store's worker thread (a page-in) or while it opens (recovery).
+The tables are described in sqlite_sql.py."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.model import Message
+from gateway.stores.sqlite_sql import COLS, tries_of
+
+_BATCH = (
+    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps"
+    " FROM batches WHERE id = ?"
+)
+
+
+class _Batches:
+    """The batches one read needs, each read once: its shared fields and bodies."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.cache: dict[int, tuple[Any, ...]] = {}
+
+    def get(self, batch: int) -> tuple[Any, ...]:
+        b = self.cache.get(batch)
+        if b is None:
+            row = self.db.execute(_BATCH, (batch,)).fetchone()
+            ends = array("I")
+            ends.frombytes(row[7])
+            headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
+            stamps = None
+            if row[8]:
+                stamps = array("q")
+                stamps.frombytes(row[8])
+            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends, stamps)
+        return b
+
+
+def _expand(
+    batches: _Batches,
+    topic: str,
+    priority: int,
+    run: Sequence[Any],
+    out: list[Message],
+    from_id: int = 0,
+    limit: int = -1,
+) -> None:
+    """The messages of one run still in it (from `from_id` on), appended to `out` until it
+    holds `limit` (-1: all)."""
+    start, n, gone, _left, batch, attempts, due, _state, tries = run
+    bits = int.from_bytes(gone, "little") if gone else 0
+    counts = tries_of(tries) if tries else None
+    ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps = batches.get(batch)
+    base = start - batch  # the run's first message's place in its batch
+    for k in range(max(from_id - start, 0), n):
+        if bits >> k & 1:
+            continue
+        j = base + k
+        body = bodies[ends[j - 1] if j else 0 : ends[j]]
+        a = counts.get(k, attempts) if counts else attempts
+        stamp = stamps[j] if stamps else ts
+        msg = Message(
+            start + k, topic, body, stamp, headers, a, priority, due, ttr, reply_to, origin
+        )
+        msg.header_block = block
+        out.append(msg)
+        if len(out) == limit:
+            return
+
+
+def select(
+    db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...], *, by_id: bool = False
+) -> list[Message]:
+    """Every message of the runs `where` selects, in key order (`by_id`: in id order)."""
+    batches = _Batches(db)
+    out: list[Message] = []
+    for row in db.execute(f"SELECT priority, {COLS} FROM runs WHERE {where}", args).fetchall():
+        _expand(batches, topic, row[0], row[1:], out)
+    if by_id:
+        out.sort(key=lambda m: m.id)
+    return out
+
+
+def select_ready(
+    db: sqlite3.Connection, topic: str, gid: int, after: tuple[int, int], limit: int
+) -> list[Message]:
+    """Up to `limit` (-1: all) of a group's ready messages, due now, from (priority, id)
+    `after` on, in that order: the run holding `after`, then the runs after it."""
+    batches = _Batches(db)
+    out: list[Message] = []
+    priority, first = after
+    head = db.execute(
+        f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ?"
+        " AND state = 0 AND due = 0 ORDER BY id DESC LIMIT 1",
+        (gid, priority, first),
+    ).fetchone()
+    if head is not None and head[0] + head[1] > first:
+        _expand(batches, topic, priority, head, out, first, limit)
+    if len(out) == limit:
+        return out
+    cursor = db.execute(
+        f"SELECT priority, {COLS} FROM runs WHERE grp = ? AND (priority, id) > (?, ?)"
+        " AND state = 0 AND due = 0 ORDER BY grp, priority, id",
+        (gid, priority, first),
+    )
+    for row in cursor:
+        _expand(batches, topic, row[0], row[1:], out, 0, limit)
+        if len(out) == limit:
+            break
+    cursor.close()
+    return out
+
+
+def count_ready(db: sqlite3.Connection, gid: int) -> int:
+    return db.execute(
+        "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ? AND state = 0 AND due = 0", (gid,)
+    ).fetchone()[0]
+
+
+def count_all(db: sqlite3.Connection) -> int:
+    return db.execute("SELECT coalesce(sum(left), 0) FROM runs").fetchone()[0]
