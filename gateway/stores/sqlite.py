@@ -310,9 +310,8 @@ class SQLiteStore(Store):
         """Set while the log or the index cannot be written: publishes are refused."""
         return self._log_failed or self._index_failed
 
-    def flush_now(self) -> bool:
-        if self.fsync == "always":
-            return self._written >= self._recorded and self._synced_pos >= self._written_pos
+    def _write_pending(self) -> None:
+        """Write every record not yet in the log, or raise why it cannot be."""
         if self._written < self._recorded:
             if self.failed is not None:
                 raise self.failed
@@ -320,6 +319,11 @@ class SQLiteStore(Store):
             if self._written < self._recorded:
                 assert self.failed is not None
                 raise self.failed
+
+    def flush_now(self) -> bool:
+        if self.fsync == "always":
+            return self._written >= self._recorded and self._synced_pos >= self._written_pos
+        self._write_pending()
         return True
 
     async def flush(self) -> None:
@@ -329,13 +333,7 @@ class SQLiteStore(Store):
         # their own (the reply gate's commits) flush a pass after their records were made,
         # so the first of them writes what all of them recorded in that pass, and the rest
         # find it written.
-        if self._written < self._recorded:
-            if self.failed is not None:
-                raise self.failed
-            self._write()
-            if self._written < self._recorded:
-                assert self.failed is not None
-                raise self.failed
+        self._write_pending()
         if self.fsync == "always" and self._synced_pos < self._written_pos:
             await self._synced_through(self._written_pos)
         # no checkpoint when there is nothing to wait for: the publish hot path

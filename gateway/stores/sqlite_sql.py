@@ -28,7 +28,7 @@ import json
 import sqlite3
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -382,6 +382,19 @@ def _assign(runs: list[list[Any]], ids: list[int]) -> dict[int, list[int]]:
     return out
 
 
+def _holding(
+    db: sqlite3.Connection, gid: int, priority: int, ids: list[int]
+) -> Iterator[tuple[list[Any], list[int]]]:
+    """Each run of (group, priority) that holds some of `ids`, with those ids (ascending)."""
+    ids.sort()
+    runs = _covering(db, gid, priority, ids)
+    held = _assign(runs, ids)
+    for run in runs:
+        mine = held.get(run[0])
+        if mine:
+            yield run, mine
+
+
 def _mask(ids: list[int], start: int) -> int:
     """The bits of `ids` (ascending) in a run starting at `start`: runs of consecutive ids
     (what a consumer finishes, mostly) are one shift each."""
@@ -405,13 +418,7 @@ def _finish(db: sqlite3.Connection, finished: list[tuple[int, int, int]]) -> int
     drops = []
     removed = 0
     for (gid, priority), ids in by_key.items():
-        ids.sort()
-        runs = _covering(db, gid, priority, ids)
-        held = _assign(runs, ids)
-        for run in runs:
-            mine = held.get(run[0])
-            if not mine:
-                continue
+        for run, mine in _holding(db, gid, priority, ids):
             start, n, gone, left, batch = run[:5]
             old = int.from_bytes(gone, "little") if gone else 0
             b = _mask(mine, start) & ~old  # those still in the run
@@ -448,13 +455,7 @@ def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
     in_place = []
     noted = []
     for (gid, was), ups in by_key.items():
-        ids = sorted(ups)
-        runs = _covering(db, gid, was, ids)
-        held = _assign(runs, ids)
-        for run in runs:
-            mine = held.get(run[0])
-            if not mine:
-                continue
+        for run, mine in _holding(db, gid, was, list(ups)):
             start, n, gone, _left, batch, attempts, due, state, tries = run
             bits = int.from_bytes(gone, "little") if gone else 0
             out = [i for i in mine if not bits >> (i - start) & 1] if bits else mine

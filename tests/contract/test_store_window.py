@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 from types import SimpleNamespace
+from typing import Any
 
 import trio
 import trio.testing
 
 from gateway.broker import Broker, journal
 from gateway.broker.members import Outcome
+from gateway.model import Message
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import Pair, started
 from tests.unit.test_broker import Collector
@@ -44,6 +46,21 @@ def once_each(sink: Collector) -> list[bytes]:
     return sink.bodies
 
 
+async def held_then_spilled(b: Broker) -> tuple[Any, Any, Message]:
+    """Group g of topic t with a job (priority 2000) delivered and held, then 33 more
+    urgent ones published past a window of 10: the group, the holder, the held job."""
+    g = b.group("t", "g")
+    holder = Collector()
+    h = g.attach(holder, 600)
+    b.publish("t", [b"held"], priority=2000)
+    h.set_ready(1)
+    (held,) = holder.got
+    h.set_ready(0)
+    b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
+    await b.flush()
+    return g, h, held
+
+
 async def test_a_less_urgent_job_in_flight_when_spilling_starts_is_not_paged_in_again(
     pair: Pair,
 ) -> None:
@@ -52,15 +69,7 @@ async def test_a_less_urgent_job_in_flight_when_spilling_starts_is_not_paged_in_
     delivery counted) and must leave it to the worker that holds it."""
     async with trio.open_nursery() as nursery:
         b = await started(pair, nursery, memory_window=10)
-        g = b.group("t", "g")
-        holder = Collector()
-        h = g.attach(holder, 600)
-        b.publish("t", [b"held"], priority=2000)
-        h.set_ready(1)
-        (held,) = holder.got
-        h.set_ready(0)
-        b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
-        await b.flush()
+        g, h, held = await held_then_spilled(b)
         sink = Collector()
         await drain(g, sink, 33)
         assert once_each(sink) == [b"%02d" % i for i in range(33)]
@@ -76,15 +85,7 @@ async def test_a_less_urgent_job_finished_after_spilling_starts_is_not_paged_in(
     the finish after the read (a log whose index lags) must still never bring it back."""
     async with trio.open_nursery() as nursery:
         b = await started(pair, nursery, memory_window=10)
-        g = b.group("t", "g")
-        holder = Collector()
-        h = g.attach(holder, 600)
-        b.publish("t", [b"held"], priority=2000)
-        h.set_ready(1)
-        (held,) = holder.got
-        h.set_ready(0)
-        b.publish("t", [b"%02d" % i for i in range(33)], priority=1024)
-        await b.flush()
+        g, h, held = await held_then_spilled(b)
         assert g.finish(h, held.id) is Outcome.OK
         sink = Collector()
         await drain(g, sink, 33)
