@@ -120,7 +120,7 @@ class NatsServer:
             for address in (self.client, self.cluster, self.monitor):
                 while not await _accepts(address):
                     if proc.poll() is not None:
-                        pytest.fail(f"{self.name} ({self.version}) exited: {self._config()}")
+                        raise Exited(f"{self.name} ({self.version}) exited: {self._config()}")
                     await trio.sleep(0.01)
 
     async def stop(self) -> None:
@@ -157,16 +157,23 @@ class NatsServer:
             return ""
 
 
+class Exited(Exception):
+    """The server exited at start: most often one of its ports was taken (or two free
+    ports picked one after the other came out the same)."""
+
+
 @asynccontextmanager
 async def nats_server(version: str, name: str, tmp: Path, **kw: Any) -> AsyncIterator[NatsServer]:
     server = NatsServer(version, name, tmp, **kw)
-    for _attempt in range(5):
+    for attempt in range(5):
         try:
             await server.start()
             break
-        except trio.TooSlowError:
+        except (trio.TooSlowError, Exited) as exc:
             # a port was taken in between: new ports, again
             await server.stop()
+            if attempt == 4:
+                pytest.fail(str(exc) or f"{name} ({version}) did not start")
             server = NatsServer(version, name, tmp, **kw)
     try:
         yield server
