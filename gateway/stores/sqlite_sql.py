@@ -14,7 +14,7 @@ Tables (docs/storage.md, "The index"):
   how many are; a run goes when `left` reaches 0. A delivery changes a message's attempts
   only, which the run notes beside it (`tries`: offset and attempts, uint32 pairs); any
   other change to one message of a run splits it around that message, which then has a
-  run of its own.
+  run of its own. A run of one notes nothing: its attempts are its own column.
 * Whatever removes messages lowers their batches' `refs` by their count, once per batch,
   and drops a batch none is left in.
 
@@ -487,7 +487,8 @@ def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
             )
     if in_place:
         db.executemany(
-            "UPDATE runs SET attempts = ?, due = ?, state = ?"
+            # a run of one that was cut from a longer one may still carry its noted count
+            "UPDATE runs SET attempts = ?, due = ?, state = ?, tries = NULL"
             " WHERE grp = ? AND priority = ? AND id = ?",
             in_place,
         )
@@ -521,12 +522,15 @@ def _pieces(
             if left:
                 gone = pbits.to_bytes((size + 7) // 8, "little") if pbits else None
                 at = piece - start
-                tries = (
-                    tries_blob({k - at: a for k, a in counts.items() if at <= k < at + size})
-                    if counts
-                    else None
-                )
-                row = (gid, priority, piece, size, batch, attempts, due, state, gone, left, tries)
+                tries = None
+                count = attempts
+                if size == 1:  # a run of one keeps its attempts in its own column
+                    count = counts.get(at, attempts) if counts else attempts
+                elif counts:
+                    tries = tries_blob(
+                        {k - at: a for k, a in counts.items() if at <= k < at + size}
+                    )
+                row = (gid, priority, piece, size, batch, count, due, state, gone, left, tries)
                 rows.append(row)
                 held += left
         piece = cut + 1

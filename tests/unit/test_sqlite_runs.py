@@ -126,3 +126,32 @@ async def test_a_backlog_of_runs_fans_out_with_its_holes(tmp_path: Path) -> None
     assert [m.id for m in groups["b"].ready] == [2, 3, 4, 6, 7, 8]
     assert state.topics["t"].backlog == []
     await store.close()
+
+
+async def test_a_delivery_noted_in_a_run_is_kept_when_the_run_is_cut_to_one(
+    tmp_path: Path,
+) -> None:
+    """A run cut down to one message that had a delivery noted, then delivered again: the
+    later attempts count is what comes back (the run of one once kept the noted count
+    beside its own and read that one back)."""
+    path = tmp_path / "gateway.db"
+    store = await opened(path)
+    msgs = publish(1, 3)
+    store.put("t", ["g"], msgs, 0.0)
+    await store.caught_up()
+    msgs[1].attempts = 1  # 2 delivered: noted in the run
+    store.update("t", "g", msgs[1])
+    await store.caught_up()
+    store.update("t", "g", msgs[0], buried=True)  # 1 and 3 buried: 2 is a run of one
+    store.update("t", "g", msgs[2], buried=True)
+    await store.caught_up()
+    msgs[1].attempts = 2  # 2 delivered again
+    store.update("t", "g", msgs[1])
+    await store.caught_up()
+    await store.close()
+    assert rows(path) == [(1024, 1, 1, 1), (1024, 2, 1, 1), (1024, 3, 1, 1)]
+    store = SQLiteStore(path)
+    state = await store.open()
+    g = state.topics["t"].groups["g"]
+    assert [(m.id, m.attempts) for m in g.ready] == [(2, 2)]
+    await store.close()
