@@ -268,6 +268,23 @@ class Broker:
                 topic.journal.topic_added(topic)
         return topic
 
+    async def existing_topic(self, name: str, group: str | None = None) -> Topic | None:
+        """Topic `name` if it exists, and has group `group` if one is named: here, or in a
+        store shared with other gateways, where another gateway may have made it a moment
+        ago (read from the store now, not at the next refresh: read-your-writes across
+        gateways). None if it exists nowhere; the group may still be missing."""
+        topic = self.topics.get(name)
+        if topic is None or (group is not None and group not in topic.groups):
+            await self.journal.adopt(name)
+            topic = self.topics.get(name)
+        return topic
+
+    async def fresh_counts(self, topic: Topic) -> None:
+        """With a store shared by several gateways, read `topic`'s counts from it now (a
+        stats-tube right after a put on another gateway counts the job, as beanstalkd's
+        would); otherwise the counts are this broker's own, always current."""
+        await self.journal.read_counts(topic)
+
     def group(
         self, topic: str, name: str, *, ephemeral_topic: bool = False, ephemeral: bool = False
     ) -> Group:

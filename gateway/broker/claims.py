@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from gateway.broker.broker import Broker
     from gateway.broker.group import Consumer, Group
     from gateway.broker.journal import SharedJournal
+    from gateway.broker.topic import Topic
     from gateway.model import Message
 
 log = logging.getLogger("gateway.broker")
@@ -267,6 +268,23 @@ class Claims:
                 log.debug("%s: refresh: %s", self.journal.where, exc)
             await trio.sleep(REFRESH)
 
+    async def adopt(self, name: str) -> None:
+        """Topic `name` as the registry has it now, with its groups and pause states: one
+        another gateway made a moment ago is made here at once rather than at the next
+        refresh (a client told OK there may act on it here straight away)."""
+        entry = await self.journal.registered(name)
+        if entry is None:
+            return
+        paused, groups = entry
+        t = self.broker.topic(name, record=False)  # made as the registry says (see refresh)
+        assert t is not None
+        t.paused = paused
+        for gname, g_paused in groups.items():
+            g = t.group(gname, record=False)
+            assert g is not None
+            g.paused = g_paused
+        await self.read_counts([t])
+
     async def refresh(self) -> None:
         """Make local the topics and groups other gateways created (and drop those they
         deleted), take their pause state, and read every stored group's counts."""
@@ -308,9 +326,13 @@ class Claims:
                 self.journal.topic_added(t)
                 continue
             broker.delete_topic(name, record=False)
+        await self.read_counts(list(broker.topics.values()))
+
+    async def read_counts(self, topics: list[Topic]) -> None:
+        """Read the counts of `topics`' stored groups (and backlogs) from the store now."""
         stored = [
             (t, [q for g in t.groups.values() if isinstance(q := g.queue, SharedQueue)])
-            for t in broker.topics.values()
+            for t in topics
             if not t.ephemeral
         ]
         counts = await self.journal.counts(
@@ -318,6 +340,7 @@ class Claims:
         )
         for (t, queues), (backlog, *per_group) in zip(stored, counts, strict=True):
             t.stored_backlog = backlog[0] + backlog[1]
+            t.stored_backlog_delayed = backlog[1]
             for q, (ready, deferred, _claimed, buried, head) in zip(queues, per_group, strict=True):
                 q.stored_ready, q.stored_delayed = ready, deferred
                 q.stored_buried, q.stored_buried_head = buried, head

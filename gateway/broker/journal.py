@@ -277,6 +277,14 @@ class Journal:
     async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
         return []
 
+    async def adopt(self, name: str) -> None:
+        """Make topic `name` here as a shared store has it, if another gateway made it
+        (Broker.existing_topic). A local store has nothing the broker does not hold."""
+
+    async def read_counts(self, topic: Topic) -> None:
+        """A shared store's counts of `topic`'s groups, read now rather than as the last
+        refresh left them (Broker.fresh_counts). A local store's counts are the broker's."""
+
     # -- topics and groups -----------------------------------------------------
 
     def topic_added(self, topic: Topic) -> None:
@@ -387,6 +395,16 @@ class SharedJournal(Journal):
         read after everything recorded here is written."""
         await self.flush()
         return await _door(self.shared_store.registry())
+
+    async def adopt(self, name: str) -> None:
+        await self.claims.adopt(name)
+
+    async def read_counts(self, topic: Topic) -> None:
+        await self.claims.read_counts([topic])
+
+    async def registered(self, name: str) -> tuple[bool, dict[str, bool]] | None:
+        """Topic `name`'s entry of the registry (see `registry`), None if unknown."""
+        return await _door(self.shared_store.registered(name))
 
     async def holding(self, topics: Sequence[str]) -> set[str]:
         return await _door(self.shared_store.holding(topics))

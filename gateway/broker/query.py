@@ -239,7 +239,15 @@ def counts(view: View, now: float | None = None) -> Counts:
         )
     ready, delayed = _split_backlog(view, now)
     urgent = sum(1 for m in ready if m.priority < URGENT_BELOW)
-    return Counts(len(ready), len(delayed), 0, 0, urgent, 0)
+    stored_delayed = view.stored_backlog_delayed  # a shared store's, as last read
+    return Counts(
+        len(ready) + view.stored_backlog - stored_delayed,
+        len(delayed) + stored_delayed,
+        0,
+        0,
+        urgent,
+        0,
+    )
 
 
 def holds_messages(g: Group) -> bool:

@@ -34,6 +34,7 @@ class Topic:
         # refreshed (claims.py). Chosen by the journal, once.
         self.store_fans_out = self.journal.fans_out
         self.stored_backlog = 0
+        self.stored_backlog_delayed = 0  # of which deferred
         # this topic's archive recorder; None when archiving is off or leaves it out
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None

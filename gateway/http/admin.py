@@ -159,14 +159,15 @@ def _whole_message(found: query.Located) -> dict[str, Any]:
 _LISTS: dict[str, query.State] = {"ready": "ready", "deferred": "delayed", "buried": "buried"}
 
 
-def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
+async def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None]:
     name = request.arg("topic")
     if not name:
         raise HTTPError(400, "MISSING_ARG_TOPIC")
-    topic = gateway.broker.topic(name, create=False)
+    group_name = request.arg("group")
+    # with a store shared by several gateways, also what another one made a moment ago
+    topic = await gateway.broker.existing_topic(name, group_name)
     if topic is None:
         raise HTTPError(404, "TOPIC_NOT_FOUND")
-    group_name = request.arg("group")
     if group_name is None:
         return topic, None
     group = topic.group(group_name, create=False)
@@ -185,7 +186,7 @@ def register(router: Router, gateway: Gateway) -> None:
         return _json(state(gateway))
 
     async def peek(request: Request) -> Response:
-        _, group = _find(gateway, request)
+        _, group = await _find(gateway, request)
         if group is None:
             raise HTTPError(400, "MISSING_ARG_GROUP")
         which = request.arg("state") or "ready"
@@ -201,7 +202,7 @@ def register(router: Router, gateway: Gateway) -> None:
         return _json({"state": which, "messages": [_message(m) for m in msgs]})
 
     async def message(request: Request) -> Response:
-        topic, group = _find(gateway, request)
+        topic, group = await _find(gateway, request)
         try:
             msg_id = int(request.arg("id") or "")
         except ValueError:
@@ -213,7 +214,7 @@ def register(router: Router, gateway: Gateway) -> None:
 
     def action(name: str) -> Any:
         async def handler(request: Request) -> Response:
-            topic, group = _find(gateway, request)
+            topic, group = await _find(gateway, request)
             result: dict[str, Any] = {"ok": True}
             target: Topic | Group = group if group is not None else topic
             if name == "pause":

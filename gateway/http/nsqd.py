@@ -103,13 +103,15 @@ class NSQDAPI:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         return name
 
-    def _existing_topic(self, name: str) -> Topic:
-        topic = self.broker.topic(name, create=False)
+    async def _existing_topic(self, name: str, channel: str | None = None) -> Topic:
+        """nsqd's GetExistingTopic; with a store shared by several gateways, one another
+        gateway made is found there (as is `channel`, if it was made there)."""
+        topic = await self.broker.existing_topic(name, channel)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic
 
-    def _topic_and_channel(self, request: Request) -> tuple[Topic, str]:
+    async def _topic_and_channel(self, request: Request) -> tuple[Topic, str]:
         """getExistingTopicFromQuery: note the _ARG_ in these texts, unlike /pub's."""
         topic = request.arg("topic")
         if topic is None:
@@ -121,7 +123,7 @@ class NSQDAPI:
             raise HTTPError(400, "MISSING_ARG_CHANNEL")
         if not _valid(channel):
             raise HTTPError(400, "INVALID_ARG_CHANNEL")
-        return self._existing_topic(topic), channel
+        return await self._existing_topic(topic, channel), channel
 
     # -- node --------------------------------------------------------------------------------
 
@@ -205,19 +207,19 @@ class NSQDAPI:
         return v1()
 
     async def topic_delete(self, request: Request) -> Response:
-        if not self.broker.delete_topic(self._topic_arg(request)):
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        topic = await self._existing_topic(self._topic_arg(request))
+        self.broker.delete_topic(topic.name)
         return v1()
 
     async def topic_empty(self, request: Request) -> Response:
         name = self._topic_arg(request)
         if not _valid(name):
             raise HTTPError(400, "INVALID_TOPIC")
-        self._existing_topic(name).empty()
+        (await self._existing_topic(name)).empty()
         return v1()
 
     async def topic_pause(self, request: Request) -> Response:
-        topic = self._existing_topic(self._topic_arg(request))
+        topic = await self._existing_topic(self._topic_arg(request))
         if request.path.endswith("unpause"):
             topic.unpause()
         else:
@@ -227,18 +229,18 @@ class NSQDAPI:
     # -- channels ------------------------------------------------------------------------------
 
     async def channel_create(self, request: Request) -> Response:
-        topic, channel = self._topic_and_channel(request)
+        topic, channel = await self._topic_and_channel(request)
         topic.group(channel, ephemeral=is_ephemeral(channel))
         return v1()
 
     async def channel_delete(self, request: Request) -> Response:
-        topic, channel = self._topic_and_channel(request)
+        topic, channel = await self._topic_and_channel(request)
         if not topic.delete_group(channel):
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return v1()
 
     async def channel_empty(self, request: Request) -> Response:
-        topic, channel = self._topic_and_channel(request)
+        topic, channel = await self._topic_and_channel(request)
         group = topic.group(channel, create=False)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
@@ -246,7 +248,7 @@ class NSQDAPI:
         return v1()
 
     async def channel_pause(self, request: Request) -> Response:
-        topic, channel = self._topic_and_channel(request)
+        topic, channel = await self._topic_and_channel(request)
         group = topic.group(channel, create=False)
         if group is None:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")

@@ -303,6 +303,11 @@ class SharedStore(Store):
         """Every topic, its pause, and its groups with theirs."""
 
     @abc.abstractmethod
+    async def registered(self, name: str) -> tuple[bool, dict[str, bool]] | None:
+        """One topic's pause and its groups with theirs, as `registry` has them; None if
+        no gateway made it."""
+
+    @abc.abstractmethod
     async def holding(self, topics: Sequence[str]) -> set[str]:
         """Those of `topics` that have messages in the store."""
 

@@ -517,6 +517,9 @@ class RedisStore(SharedStore):
     async def registry(self) -> dict[str, tuple[bool, dict[str, bool]]]:
         return await self.reads.registry()
 
+    async def registered(self, name: str) -> tuple[bool, dict[str, bool]] | None:
+        return await self.reads.registered(name)
+
     async def holding(self, topics: Sequence[str]) -> set[str]:
         return await self.reads.holding(topics)
 

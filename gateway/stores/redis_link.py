@@ -212,6 +212,8 @@ def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
             pipe.hsetnx(key, args[0], args[1])
         elif fn == "hdel":
             pipe.hdel(key, [args[0]])
+        elif fn == "hget":
+            pipe.hget(key, args[0])
         elif fn == "hgetall":
             pipe.hgetall(key)
         elif fn == "exists":
@@ -227,7 +229,7 @@ def _command(op: tuple[str, str, list[Any]]) -> list[Any]:
     return ["FCALL", fn, 1, key, *args]
 
 
-_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hgetall", "exists"})
+_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hget", "hgetall", "exists"})
 
 
 def _text(name: bytes | str) -> str:

@@ -38,6 +38,17 @@ class SharedReads:
             for name, groups in zip(names, replies, strict=True)
         }
 
+    async def registered(self, name: str) -> tuple[bool, dict[str, bool]] | None:
+        """One topic's entry of the registry, as `registry` has it (None: no gateway made
+        it), read after what this gateway recorded."""
+        await self.flush()
+        paused, groups = await self.link.pipeline(
+            [("hget", TOPICS_KEY, [name]), ("hgetall", topic_key(name) + "groups", [])]
+        )
+        if paused is None:
+            return None
+        return paused == b"1", {g.decode(): v == b"1" for g, v in groups.items()}
+
     async def holding(self, topics: Sequence[str]) -> set[str]:
         """Those of `topics` whose messages are in Redis (a topic no longer registered,
         yet published to since: its publish made it anew)."""

@@ -528,10 +528,10 @@ class BeanstalkSession:
         self.server.commands["list-tubes-watched"] += 1
         return bc.ok_yaml(bc.yaml_list(self.watched))
 
-    def _pause_tube(self, event: ev.PauseTube) -> bytes:
+    async def _pause_tube(self, event: ev.PauseTube) -> bytes:
         server = self.server
         server.commands["pause-tube"] += 1  # counted first, as beanstalkd does
-        if server.broker.topic(event.tube, create=False) is None:
+        if await server.broker.existing_topic(event.tube) is None:
             return bc.NOT_FOUND
         server.tube_pauses[event.tube] += 1
         group = server.group(event.tube, create=True)
@@ -596,11 +596,14 @@ class BeanstalkSession:
             return bc.NOT_FOUND
         return bc.ok_yaml(bc.yaml_dict(stats.stats_job(found, self.server.default_ttr)))
 
-    def _stats_tube(self, event: ev.StatsTube) -> bytes:
+    async def _stats_tube(self, event: ev.StatsTube) -> bytes:
         server = self.server
         server.commands["stats-tube"] += 1
-        if server.broker.topic(event.tube, create=False) is None:
+        # with a store shared by several gateways: also a tube another one made just now
+        topic = await server.broker.existing_topic(event.tube)
+        if topic is None:
             return bc.NOT_FOUND
+        await server.broker.fresh_counts(topic)
         return bc.ok_yaml(
             bc.yaml_dict(stats.stats_tube(server, event.tube, server.view(event.tube)))
         )
@@ -621,6 +624,8 @@ _AWAITED: dict[type, Callable[[BeanstalkSession, Any], Awaitable[bytes]]] = {
     ev.Kick: BeanstalkSession._kick,
     ev.KickJob: BeanstalkSession._kick_job,
     ev.StatsJob: BeanstalkSession._stats_job,
+    ev.StatsTube: BeanstalkSession._stats_tube,
+    ev.PauseTube: BeanstalkSession._pause_tube,
 }
 
 # the writes: when the commit a reply waits for fails, it becomes INTERNAL_ERROR (any
@@ -637,10 +642,8 @@ _HANDLERS = {
     ev.Touch: BeanstalkSession._touch,
     ev.Watch: BeanstalkSession._watch,
     ev.Ignore: BeanstalkSession._ignore,
-    ev.StatsTube: BeanstalkSession._stats_tube,
     ev.Stats: BeanstalkSession._stats,
     ev.ListTubes: BeanstalkSession._list_tubes,
     ev.ListTubeUsed: BeanstalkSession._list_tube_used,
     ev.ListTubesWatched: BeanstalkSession._list_tubes_watched,
-    ev.PauseTube: BeanstalkSession._pause_tube,
 }

@@ -147,7 +147,7 @@ class NSQSession:
         self._metrics = server.metrics
         self._origin = f"nsq {remote}"  # of every message it publishes
         # a publish's failed commit, named for its command (see _publish)
-        self._failed = {c: partial(self._publish_failed, c) for c in ("PUB", "MPUB", "DPUB")}
+        self._failed = {c: partial(self._failed_commit, c) for c in ("PUB", "MPUB", "DPUB", "SUB")}
 
     @property
     def stream(self) -> trio.abc.Stream:
@@ -377,9 +377,10 @@ class NSQSession:
         else:
             self.conn.out.append(ok)
 
-    def _publish_failed(self, command: str, exc: StoreUnavailable) -> bytes:
-        """A publish's commit failed: its OK becomes nsqd's fatal error (counted here;
-        the connection ends after it)."""
+    def _failed_commit(self, command: str, exc: StoreUnavailable) -> bytes:
+        """A publish's (or a shared store's SUB's) commit failed: its OK becomes nsqd's
+        fatal error, E_PUB_FAILED ... E_SUB_FAILED (counted here; the connection ends
+        after it)."""
         frame = self._failed_frame(command, exc)
         self._metrics.protocol_error("nsq", frame[8:])
         return frame
@@ -536,6 +537,7 @@ class NSQSession:
 
     async def _sub(self, event: ev.Sub) -> None:
         await self._check_auth("SUB", event.topic, event.channel)
+        before = self._owed.count
         group = self.server.broker.group(
             event.topic,
             event.channel,
@@ -544,7 +546,12 @@ class NSQSession:
         )
         self.group = group
         self.consumer = group.attach(self, self.msg_timeout)
-        self.conn.out.append(OK_FRAME)
+        if self._owed.count != before:
+            # a store shared with other gateways: the channel is in it before the OK, so a
+            # publish on another gateway right after the OK reaches the channel too
+            self.conn.reply_after_commit(OK_FRAME, self._failed["SUB"], last=True)
+        else:
+            self.conn.out.append(OK_FRAME)
 
     def _fins(self, msg_ids: list[bytes]) -> None:
         group = self.group
