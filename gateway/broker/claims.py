@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.broker")
 
 CLAIM_LEASE = 60.0  # seconds, for consumers that name no timeout
+# The longest a claim lasts: a delivery with no deadline (a RocketMQ pull, in flight until
+# its offset is committed) is claimed this long, RocketMQ's own consumeTimeout; Redis needs
+# a finite time, after which another gateway may deliver it if this one died holding it.
+MAX_LEASE = 15 * 60.0
 CLAIM_BATCH = 512  # at most this many messages per claim (one round trip)
 REFRESH = 1.0  # seconds between registry and count refreshes; also the idle re-check
 _RETRY = 0.5
@@ -233,6 +237,7 @@ class Claims:
             return
         # until delivered (at once), a claim lasts as long as a delivery would
         lease = max((c.timeout for c in group.consumers), default=0.0) or CLAIM_LEASE
+        lease = min(lease, MAX_LEASE)  # a consumer with no timeout (RocketMQ's pulls)
         msgs, due = await self.journal.claim(group, n, lease)
         if due is not None:
             self._wake_at = min(self._wake_at, due + 0.001)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from gateway.broker.claims import Claims, SharedQueue
+from gateway.broker.claims import MAX_LEASE, Claims, SharedQueue
 from gateway.broker.errors import StoreUnavailable
 from gateway.broker.queues import LocalQueue, Pager, Queue
 from gateway.model import Message
@@ -53,6 +53,12 @@ T = TypeVar("T")
 # run a block ahead of use: a message may reach a consumer before its publish is
 # committed, so the record that covers its id must have been written before, not with it.
 ID_BLOCK = 1 << 16
+
+
+def lease_until(deadline: float) -> float:
+    """A delivery's deadline (broker clock; inf: none) as a shared store's claim keeps it:
+    wall-clock, at most MAX_LEASE from now."""
+    return to_wall(min(deadline, trio.current_time() + MAX_LEASE))
 
 
 def to_wall(deliver_at: float) -> float:
@@ -330,7 +336,7 @@ class _ClaimRecorder(Recorder):
 
     def _delivered(self, entry: InFlight) -> None:
         self._owed.count += 1
-        self._store.claimed(self._topic, self._group, entry.message, to_wall(entry.deadline))
+        self._store.claimed(self._topic, self._group, entry.message, lease_until(entry.deadline))
 
     def _delivered_all(self, entries: Iterable[InFlight]) -> None:
         for entry in entries:
@@ -338,7 +344,7 @@ class _ClaimRecorder(Recorder):
 
     def touched(self, message: Message, deadline: float) -> None:
         self._owed.count += 1
-        self._store.touched(self._topic, self._group, message, to_wall(deadline))
+        self._store.touched(self._topic, self._group, message, lease_until(deadline))
 
 
 class SharedJournal(Journal):

@@ -159,3 +159,23 @@ async def test_alions_properties_become_nats_headers(tmp_path: Path) -> None:
     [[subject, _reply, _sha, size, headers]] = result["messages"]
     assert subject == "r2nh" and size == len(b"to nats")
     assert headers["TAGS"] == "TagA" and headers["KEYS"] == "k1 k2" and headers["color"] == "red"
+
+
+async def test_pynsq_writer_to_alions_consumer_through_redis(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The same bridge with the queues in Redis: a RocketMQ pull has no deadline, and its
+    claim there lasts RocketMQ's consumeTimeout (an unbounded one stopped the gateway's
+    claimer: "cannot convert float infinity to integer")."""
+    bodies = corpus.make_bodies(40, seed=8, max_size=3000)
+    path = h.write_corpus(tmp_path, bodies)
+    async with bridge_gateway(store=redis_url) as gw, trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            result = await h.run(pynsq(gw, "pub", "n2r", "--bodies", path, "--pub", 10))
+        h.assert_published(result, 10 + 1)
+        consumer = await alions.start(
+            nursery, "consume", alions.consumer_options(gw, "n2r", "GID_nsq", len(bodies))
+        )
+        assert await consumer.wait() == 0
+    got = consumer.of("message")
+    assert sorted(unb64(m["body"]) for m in got) == sorted(bodies)
