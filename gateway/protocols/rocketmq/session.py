@@ -137,8 +137,13 @@ class RocketMQSession:
                 answer = self._answer(event)  # type: ignore[arg-type]
                 if answer is None:
                     continue
-                if owed.count != before and event.code in _SENDS:  # type: ignore[union-attr]
-                    failed = partial(self._store_failed, event)
+                if owed.count != before:
+                    # it changed what must be stored before it is answered (a send; with
+                    # a shared store any change: an offset, a consumer group, a pull's
+                    # claims); a failed commit turns a send's answer into an error, the
+                    # others' only wait for it
+                    code = event.code  # type: ignore[union-attr]
+                    failed = partial(self._store_failed, event) if code in _SENDS else None
                     conn.reply_after_commit(answer, failed)
                 else:
                     conn.out.append(answer)
