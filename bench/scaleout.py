@@ -15,7 +15,9 @@ Workloads, on a fresh topic each, 200-byte bodies:
 * ``latency``  PUB at a fixed rate (``--rate``, 1,000 msgs/s), a timestamp in each body,
                consumed with SUB + FIN: publish-to-receive p50/p99.
 
-For each, the CPU share of every gateway and of redis-server (CPU seconds over wall time).
+For each, the CPU share of every gateway and of redis-server (CPU seconds over wall time),
+Redis's CPU time per message (its share over the rate), and where Redis spent it by its
+own account (``INFO commandstats``, µs per message by command).
 Targets (issue 11): one gateway on Redis >= 0.5x memory on MPUB; cross-gateway p99 under
 10 ms at 1,000 msgs/s.
 
@@ -73,6 +75,14 @@ class Figures:
     p99_ms: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # process -> share of wall time
     note: str = ""
+    # Redis's own account of its time (INFO commandstats), command -> µs per message
+    commands: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def redis_us(self) -> float | None:
+        """Redis CPU time per message (its CPU share over the rate), µs."""
+        share = self.cpu.get("redis")
+        return None if share is None or not self.rate else share / self.rate * 1e6
 
 
 class CPU:
@@ -90,6 +100,23 @@ class CPU:
         return {
             k: ((process_cpu_seconds(p) or 0.0) - self.c0[k]) / wall for k, p in self.pids.items()
         }
+
+
+def command_usec(port: int) -> dict[str, int]:
+    """INFO commandstats: command -> µs spent in it so far (the commands a function runs
+    are counted under their own names as well as under FCALL)."""
+    out = subprocess.run(
+        [REDIS_CLI, "-p", str(port), "INFO", "commandstats"], capture_output=True, text=True
+    ).stdout
+    usec: dict[str, int] = {}
+    for line in out.splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line[len("cmdstat_") :].partition(":")
+            for item in fields.split(","):
+                key, _, value = item.partition("=")
+                if key == "usec":
+                    usec[name] = int(value)
+    return usec
 
 
 def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -292,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                     with Watchdog(args.timeout) as wd:
                         for w in workloads:
                             topic = f"{w}-{name.replace(' ', '')}-{round_}-{time.time_ns()}"
+                            before = command_usec(port)
                             if w == "mpub":
                                 f = run_mpub(pub, args.n, wd, cpu, topic)
                             elif w == "sub":
@@ -299,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
                             else:
                                 f = run_latency(pub, con, args.latency_n, args.rate, wd, cpu, topic)
                             f.setup = name
+                            if name != "memory" and w != "latency":
+                                after = command_usec(port)
+                                n = args.n
+                                f.commands = {
+                                    c: (u - before.get(c, 0)) / n
+                                    for c, u in after.items()
+                                    if u - before.get(c, 0) > 0
+                                }
                             results.append(f)
                             print(describe(f), flush=True)
                 finally:
@@ -319,7 +355,13 @@ def describe(f: Figures) -> str:
             f"{f.setup:9} latency at {f.rate:.0f}/s: p50 {f.p50_ms:.2f} ms, "
             f"p99 {f.p99_ms:.2f} ms (CPU {cpu})"
         )
-    return f"{f.setup:9} {f.workload:5} {si(f.rate)} msgs/s (CPU {cpu})"
+    line = f"{f.setup:9} {f.workload:5} {si(f.rate)} msgs/s (CPU {cpu})"
+    if f.commands:
+        top = sorted(f.commands.items(), key=lambda kv: -kv[1])[:8]
+        line += "\n          redis µs/msg by command: " + ", ".join(
+            f"{c} {us:.2f}" for c, us in top
+        )
+    return line
 
 
 def summary(results: list[Figures]) -> str:
@@ -341,8 +383,10 @@ def summary(results: list[Figures]) -> str:
             ratio = f"{f.rate / base.rate:.2f}x" if base else "-"
             spread = f"{si(min(rates))}-{si(max(rates))}" if len(rates) > 1 else "-"
             redis_cpu = f"{f.cpu['redis']:.0%}" if "redis" in f.cpu else "-"
-            rows.append([w, setup, si(f.rate), spread, ratio, redis_cpu])
-    heading = ["workload", "setup", "msgs/s", "range", "vs memory", "redis CPU"]
+            us = f.redis_us
+            per_msg = f"{us:.2f}" if us is not None else "-"
+            rows.append([w, setup, si(f.rate), spread, ratio, redis_cpu, per_msg])
+    heading = ["workload", "setup", "msgs/s", "range", "vs memory", "redis CPU", "redis µs/msg"]
     table = format_table(heading, rows)
     lat = []
     for setup in ("memory", "redis", "redis x2"):
