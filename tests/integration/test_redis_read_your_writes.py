@@ -123,68 +123,76 @@ async def test_the_ok_of_a_sub_leaves_only_once_redis_holds_the_channel(url: str
         await nsq.aclose()
 
 
-async def test_a_channel_subscribed_on_b_gets_what_a_publishes_next(
-    url: str, tmp_path: Path
-) -> None:
+async def test_what_one_gateway_answered_the_other_sees_at_once(url: str, tmp_path: Path) -> None:
+    """Across two gateway processes (one pair for every check: starting them is most of
+    the cost), each check ROUNDS times on new names."""
     async with two_gateways(url, tmp_path) as (a, b):
-        on_a = await Publisher.connect(a)
-        for r in range(ROUNDS):
-            topic = f"sub-race-{r}"
-            await on_a.mpub(topic, [b"before"])  # the topic exists, the channel not yet
-            conn = RawNSQ(await trio.open_tcp_stream(*b.addresses["nsq"]))
-            await conn.send(MAGIC + f"SUB {topic} d\n".encode())
-            assert await conn.frame() == (FRAME_RESPONSE, b"OK")
-            await on_a.mpub(topic, BODIES)  # the moment B said OK (RDY after, as pynsq's)
-            await conn.send(b"RDY 200\n")
-            await every_message(NSQConsumer(conn), f"round {r}")
-            await conn.aclose()
+        await a_channel_subscribed_on_b_gets_what_a_publishes_next(a, b)
+        await a_channel_created_over_http_on_b_gets_what_a_publishes_next(a, b)
+        await a_job_buried_on_a_is_at_once_buried_on_b(a, b)
+        await a_tube_made_on_a_is_at_once_a_tube_on_b(a, b)
 
 
-async def test_a_channel_created_over_http_on_b_gets_what_a_publishes_next(
-    url: str, tmp_path: Path
+async def a_channel_subscribed_on_b_gets_what_a_publishes_next(
+    a: GatewayProc, b: GatewayProc
 ) -> None:
-    async with two_gateways(url, tmp_path) as (a, b), httpx.AsyncClient() as http:
+    on_a = await Publisher.connect(a)
+    for r in range(ROUNDS):
+        topic = f"sub-race-{r}"
+        await on_a.mpub(topic, [b"before"])  # the topic exists, the channel not yet
+        conn = RawNSQ(await trio.open_tcp_stream(*b.addresses["nsq"]))
+        await conn.send(MAGIC + f"SUB {topic} d\n".encode())
+        assert await conn.frame() == (FRAME_RESPONSE, b"OK")
+        await on_a.mpub(topic, BODIES)  # the moment B said OK (RDY after, as pynsq's)
+        await conn.send(b"RDY 200\n")
+        await every_message(NSQConsumer(conn), f"SUB, round {r}")
+        await conn.aclose()
+    await on_a.conn.aclose()
+
+
+async def a_channel_created_over_http_on_b_gets_what_a_publishes_next(
+    a: GatewayProc, b: GatewayProc
+) -> None:
+    async with httpx.AsyncClient() as http:
         for r in range(ROUNDS):
             topic = f"http-race-{r}"
             await mpub(a, topic, [b"before"])
             reply = await http.post(
                 b.http + "/channel/create", params={"topic": topic, "channel": "d"}, timeout=10
             )
-            assert reply.status_code == 200, reply.text
+            assert reply.status_code == 200, f"round {r}: {reply.text}"
             await mpub(a, topic, BODIES)
             consumer = await NSQConsumer.subscribe(b, topic, "d", rdy=200)
-            await every_message(consumer, f"round {r}")
+            await every_message(consumer, f"HTTP channel, round {r}")
             await consumer.aclose()
 
 
-async def test_a_job_buried_on_a_is_at_once_buried_on_b(url: str, tmp_path: Path) -> None:
-    async with two_gateways(url, tmp_path) as (a, b):
-        for r in range(ROUNDS):
-            tube = b"bury-race-%d" % r
-            on_a = await beanstalk_conn(a, tube)
-            on_b: RawBeanstalk = await beanstalk_conn(b, tube)
-            assert (await on_a.call(b"put 0 0 60 3\r\nabc\r\n")).startswith(b"INSERTED ")
-            job, _ = reserved(await on_a.call(b"reserve-with-timeout 5\r\n"))
-            assert await on_a.call(b"bury %d 0\r\n" % job) == b"BURIED\r\n"
-            reply = await on_b.call(b"peek-buried\r\n")
-            assert reply == b"FOUND %d 3\r\nabc\r\n" % job, f"round {r}: {reply!r}"
-            await on_a.aclose()
-            await on_b.aclose()
+async def a_job_buried_on_a_is_at_once_buried_on_b(a: GatewayProc, b: GatewayProc) -> None:
+    for r in range(ROUNDS):
+        tube = b"bury-race-%d" % r
+        on_a = await beanstalk_conn(a, tube)
+        on_b: RawBeanstalk = await beanstalk_conn(b, tube)
+        assert (await on_a.call(b"put 0 0 60 3\r\nabc\r\n")).startswith(b"INSERTED ")
+        job, _ = reserved(await on_a.call(b"reserve-with-timeout 5\r\n"))
+        assert await on_a.call(b"bury %d 0\r\n" % job) == b"BURIED\r\n"
+        reply = await on_b.call(b"peek-buried\r\n")
+        assert reply == b"FOUND %d 3\r\nabc\r\n" % job, f"bury, round {r}: {reply!r}"
+        await on_a.aclose()
+        await on_b.aclose()
 
 
-async def test_a_tube_made_on_a_is_at_once_a_tube_on_b(url: str, tmp_path: Path) -> None:
+async def a_tube_made_on_a_is_at_once_a_tube_on_b(a: GatewayProc, b: GatewayProc) -> None:
     """stats-tube and pause-tube on B of a tube a put on A just made (NOT_FOUND before,
     until B's next read of the registry)."""
-    async with two_gateways(url, tmp_path) as (a, b):
-        on_b = await beanstalk_conn(b)
-        for r in range(ROUNDS):
-            tube = b"tube-race-%d" % r
-            on_a = await beanstalk_conn(a)
-            assert await on_a.call(b"use " + tube + b"\r\n") == b"USING " + tube + b"\r\n"
-            assert (await on_a.call(b"put 0 0 60 3\r\nabc\r\n")).startswith(b"INSERTED ")
-            reply = await on_b.call(b"stats-tube " + tube + b"\r\n")
-            assert reply.startswith(b"OK "), f"round {r}: {reply!r}"
-            assert b"\ncurrent-jobs-ready: 1\n" in reply, f"round {r}: {reply!r}"
-            assert await on_b.call(b"pause-tube " + tube + b" 0\r\n") == b"PAUSED\r\n"
-            await on_a.aclose()
-        await on_b.aclose()
+    on_b = await beanstalk_conn(b)
+    for r in range(ROUNDS):
+        tube = b"tube-race-%d" % r
+        on_a = await beanstalk_conn(a)
+        assert await on_a.call(b"use " + tube + b"\r\n") == b"USING " + tube + b"\r\n"
+        assert (await on_a.call(b"put 0 0 60 3\r\nabc\r\n")).startswith(b"INSERTED ")
+        reply = await on_b.call(b"stats-tube " + tube + b"\r\n")
+        assert reply.startswith(b"OK "), f"stats-tube, round {r}: {reply!r}"
+        assert b"\ncurrent-jobs-ready: 1\n" in reply, f"stats-tube, round {r}: {reply!r}"
+        assert await on_b.call(b"pause-tube " + tube + b" 0\r\n") == b"PAUSED\r\n"
+        await on_a.aclose()
+    await on_b.aclose()
