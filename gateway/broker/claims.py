@@ -46,6 +46,12 @@ CLAIM_LEASE = 60.0  # seconds, for consumers that name no timeout
 # a finite time, after which another gateway may deliver it if this one died holding it.
 MAX_LEASE = 15 * 60.0
 CLAIM_BATCH = 512  # at most this many messages per claim (one round trip)
+# A claim lasts this much longer than its consumers' timeout, so that a delivery made
+# within that time after the claim is covered by it: its deadline needs no write of its
+# own (a message per delivery otherwise, most of Redis's time for an NSQ consumer, whose
+# every delivery has the claim's timeout). A gateway that dies holding it loses the
+# message to the others this much later.
+LEASE_SLACK = 1.0
 REFRESH = 1.0  # seconds between registry and count refreshes; also the idle re-check
 _RETRY = 0.5
 
@@ -63,6 +69,19 @@ class SharedQueue(Queue):
         # the group's messages in the store, as the last refresh read them
         self.stored_ready = self.stored_delayed = self.stored_buried = 0
         self.stored_buried_head: Message | None = None
+        # claimed here and not yet delivered: id -> when its claim ends (broker clock)
+        self._leases: dict[int, float] = {}
+
+    def leased(self, msgs: list[Message], until: float) -> None:
+        for m in msgs:
+            self._leases[m.id] = until
+
+    def covers(self, msg_id: int, deadline: float) -> bool:
+        """Whether the claim of `msg_id`, now delivered, already lasts until its delivery's
+        `deadline`, ending at most 2 x LEASE_SLACK after it: then the delivery needs no
+        write (Redis keeps the claim's end as the message's deadline)."""
+        until = self._leases.pop(msg_id, None)
+        return until is not None and until - 2 * LEASE_SLACK <= deadline <= until
 
     def admit(self, messages: list[Message]) -> None:
         # recorded in the store, which every gateway claims from
@@ -100,6 +119,7 @@ class SharedQueue(Queue):
     def give_back(self, msgs: list[Message]) -> None:
         """Claimed messages not delivered: ready in the store again, for any gateway."""
         for m in msgs:
+            self._leases.pop(m.id, None)
             self.journal.changed(self.group, m, expect="f")
 
     async def kick(self, bound: int) -> int:
@@ -237,7 +257,8 @@ class Claims:
             return
         # until delivered (at once), a claim lasts as long as a delivery would
         lease = max((c.timeout for c in group.consumers), default=0.0) or CLAIM_LEASE
-        lease = min(lease, MAX_LEASE)  # a consumer with no timeout (RocketMQ's pulls)
+        lease = min(lease, MAX_LEASE) + LEASE_SLACK  # MAX_LEASE: RocketMQ's pulls have none
+        start = trio.current_time()
         msgs, due = await self.journal.claim(group, n, lease)
         if due is not None:
             self._wake_at = min(self._wake_at, due + 0.001)
@@ -250,6 +271,7 @@ class Claims:
         if group.deleted:
             queue.give_back(msgs)
             return
+        queue.leased(msgs, start + lease)
         for m in msgs:
             group.ready.push(m)
         group.pump()

@@ -318,10 +318,12 @@ class Journal:
 class _ClaimRecorder(Recorder):
     """A shared store's: a delivery keeps this gateway's claim until its deadline."""
 
-    __slots__ = ("_finished", "_group", "_owed", "_put", "_store", "_topic")
+    __slots__ = ("_finished", "_group", "_of", "_owed", "_put", "_store", "_topic")
 
-    def __init__(self, store: SharedStore, topic: str, group: str, owed: Owed) -> None:
+    def __init__(self, store: SharedStore, of: Group, owed: Owed) -> None:
+        topic, group = of.topic.name, of.name
         self._store, self._topic, self._group, self._owed = store, topic, group, owed
+        self._of = of  # its queue, made after this, knows the leases of its claims
         rec = store.recorder(topic, group)
         self._put, self._finished = rec.put, rec.finished
         super().__init__(self._put_owed, self._delivered, self._delivered_all, self._finish)
@@ -335,6 +337,10 @@ class _ClaimRecorder(Recorder):
         self._finished(message)
 
     def _delivered(self, entry: InFlight) -> None:
+        queue = self._of.queue
+        assert isinstance(queue, SharedQueue)
+        if queue.covers(entry.message.id, entry.deadline):
+            return  # its claim already lasts that long: nothing to write
         self._owed.count += 1
         self._store.claimed(self._topic, self._group, entry.message, lease_until(entry.deadline))
 
@@ -364,7 +370,7 @@ class SharedJournal(Journal):
         return SharedQueue(group, self.claims, self)
 
     def recorder(self, group: Group) -> Recorder:
-        return _ClaimRecorder(self.shared_store, group.topic.name, group.name, self.owed)
+        return _ClaimRecorder(self.shared_store, group, self.owed)
 
     async def claim(self, group: Group, n: int, lease: float) -> tuple[list[Message], float | None]:
         """Up to `n` of the group's most urgent ready messages, claimed here for `lease`
