@@ -302,15 +302,20 @@ class Claims:
         entry = await self.journal.registered(name)
         if entry is None:
             return
-        paused, groups = entry
-        t = self.broker.topic(name, record=False)  # made as the registry says (see refresh)
+        await self.read_counts([self._as_registered(name, *entry)])
+
+    def _as_registered(self, name: str, paused: bool, groups: dict[str, bool]) -> Topic:
+        """Topic `name` here with its groups and pause states as the registry has them.
+        Made here, not recorded: written back, a name another gateway deleted during the
+        read would come back."""
+        t = self.broker.topic(name, record=False)
         assert t is not None
         t.paused = paused
         for gname, g_paused in groups.items():
             g = t.group(gname, record=False)
             assert g is not None
             g.paused = g_paused
-        await self.read_counts([t])
+        return t
 
     async def refresh(self) -> None:
         """Make local the topics and groups other gateways created (and drop those they
@@ -326,15 +331,7 @@ class Claims:
         }
         registry = await self.journal.registry()  # after a flush
         for name, (paused, groups) in registry.items():
-            # Made here as the registry says, not recorded: written back, a name another
-            # gateway deleted during this read would come back.
-            t = broker.topic(name, record=False)
-            assert t is not None
-            t.paused = paused
-            for gname, g_paused in groups.items():
-                g = t.group(gname, record=False)
-                assert g is not None
-                g.paused = g_paused
+            t = self._as_registered(name, paused, groups)
             for gone in here.get(name, set()) - set(groups):
                 if gone in t.groups:
                     t.groups.pop(gone).close()

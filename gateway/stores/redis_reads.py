@@ -31,10 +31,7 @@ class SharedReads:
             [("hgetall", topic_key(n) + "groups", []) for n in names]
         )
         return {
-            name: (
-                topics[name.encode()] == b"1",
-                {g.decode(): v == b"1" for g, v in groups.items()},
-            )
+            name: _entry(topics[name.encode()], groups)
             for name, groups in zip(names, replies, strict=True)
         }
 
@@ -45,9 +42,7 @@ class SharedReads:
         paused, groups = await self.link.pipeline(
             [("hget", TOPICS_KEY, [name]), ("hgetall", topic_key(name) + "groups", [])]
         )
-        if paused is None:
-            return None
-        return paused == b"1", {g.decode(): v == b"1" for g, v in groups.items()}
+        return None if paused is None else _entry(paused, groups)
 
     async def holding(self, topics: Sequence[str]) -> set[str]:
         """Those of `topics` whose messages are in Redis (a topic no longer registered,
@@ -86,3 +81,8 @@ def _text(raw: bytes | str) -> str:
 
 
 __all__ = ["SharedReads"]
+
+
+def _entry(paused: bytes, groups: dict[bytes, bytes]) -> tuple[bool, dict[str, bool]]:
+    """A registry entry as Redis holds it: the topic's pause flag, its groups' hash."""
+    return paused == b"1", {g.decode(): v == b"1" for g, v in groups.items()}
