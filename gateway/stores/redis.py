@@ -23,6 +23,7 @@ import math
 import secrets
 import time
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import trio
@@ -31,6 +32,7 @@ from gateway.model import Message
 from gateway.stores.base import (
     Found,
     GroupCounts,
+    GroupRecorder,
     Key,
     SharedStore,
     StoredGroup,
@@ -45,8 +47,10 @@ from gateway.stores.redis_codec import (
     batches,
     hex_id,
     pack_batch,
+    run_batches,
     topic_key,
     unpack_flat,
+    unpack_runs,
 )
 from gateway.stores.redis_flights import Flights
 from gateway.stores.redis_link import RedisLink
@@ -74,6 +78,50 @@ _Op = tuple[str, str, list[Any]]
 _MERGED = frozenset({"gw_remove", "gw_update", "gw_touch"})
 # a merged call's arguments, at most: one script call holds Redis while it runs
 _MERGE_MAX = 8192
+
+
+_ID = attrgetter("id")
+_URGENCY = attrgetter("priority", "id")
+
+
+class _Recorder(GroupRecorder):
+    """A group's recorder with its topic's key made once: a finish, the one call made for
+    every message a consumer acknowledges, is an append to the pending remove."""
+
+    __slots__ = ("_key",)
+
+    store: RedisStore
+
+    def __init__(self, store: RedisStore, topic: str, group: str) -> None:
+        super().__init__(store, topic, group)
+        self._key = topic_key(topic)
+
+    def finished(self, message: Message) -> None:
+        self.store.remove_one(self._key, self.group, message.id)
+
+
+def _on_wire(op: _Op) -> _Op:
+    """A call as it is sent: the ids of a remove (numbers, as recorded and merged) as runs
+    of consecutive ids. A consumer's finishes come mostly in id order, so a batch of
+    hundreds is a few arguments, and Redis handles a run as one."""
+    fn, key, args = op
+    if fn != "gw_remove":
+        return op
+    return fn, key, [*args[:2], *_runs(sorted(args[2:]))]
+
+
+def _runs(ids: list[int]) -> list[str]:
+    """Sorted ids as gw_remove takes them: "first:last" (hex) for each run of consecutive
+    ids, one id alone as itself."""
+    out: list[str] = []
+    first = prev = ids[0]
+    for i in ids[1:]:
+        if i != prev + 1 and i != prev:
+            out.append(f"{first:016x}:{prev:016x}" if prev != first else f"{first:016x}")
+            first = i
+        prev = i
+    out.append(f"{first:016x}:{prev:016x}" if prev != first else f"{first:016x}")
+    return out
 
 
 def _ms(seconds: float) -> int:
@@ -220,6 +268,12 @@ class RedisStore(SharedStore):
         told = f"{self.owner} {topic}" if self.shares and due <= 0.0 else ""
         for run in batches(messages):  # one publish is one batch: one argument per batch
             first = run[0]
+            first_id = hex_id(first.id)
+            # The blob goes in a plain HSET just before the call, not through the script
+            # (copying it into Lua costs Redis several times what the call does). Applied
+            # without the call (the connection lost between them, the gateway then gone),
+            # it stays unreferenced: a leak of one batch, never a message.
+            self._pending.append(("hset", topic_key(topic) + "m", [first_id, pack_batch(run)]))
             self._record(
                 "gw_put",
                 topic,
@@ -228,9 +282,9 @@ class RedisStore(SharedStore):
                     first.attempts,
                     first.priority,
                     *where,
-                    hex_id(first.id),
+                    first_id,
                     hex_id(run[-1].id),
-                    pack_batch(run),
+                    "",
                     told,
                     self.owner,  # applied once, should the pipeline be sent again
                 ],
@@ -292,8 +346,34 @@ class RedisStore(SharedStore):
     def touched(self, topic: str, group: str, message: Message, deadline: float) -> None:
         self._record("gw_touch", topic, [group, self.owner, hex_id(message.id), _ms(deadline)])
 
+    def recorder(self, topic: str, group: str) -> GroupRecorder:
+        return _Recorder(self, topic, group)
+
+    def remove_one(self, key: str, group: str, msg_id: int) -> None:
+        """`remove` of one message (a FIN) by the group's recorder, `key` its topic's: added
+        to the remove recorded last when that is the same group's, as `_record` merges."""
+        pending = self._pending
+        if pending:
+            fn, last_key, args = pending[-1]
+            if (
+                fn == "gw_remove"
+                and last_key == key
+                and args[0] == group
+                and not args[1]
+                and len(args) < _MERGE_MAX
+            ):
+                args.append(msg_id)
+                self._recorded += 1
+                self._wake.set()
+                return
+        pending.append(("gw_remove", key, [group, "", msg_id]))
+        self._recorded += 1
+        self._wake.set()
+
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
-        ids = [hex_id(m.id) for m in messages]
+        # ids as numbers: consecutive removes of a group merge into one call, whose ids
+        # are sent as runs (_on_wire)
+        ids = list(map(_ID, messages))
         if ids:
             self._record("gw_remove", topic, [group or "", "", *ids])
 
@@ -376,7 +456,8 @@ class RedisStore(SharedStore):
         # later write waiting on it (the connection's own timeouts bound the wait)
         with trio.CancelScope(shield=True):
             try:
-                replies = await self.link.send(ops if read is None else [*ops, read])
+                wire = [_on_wire(op) for op in ops]
+                replies = await self.link.send(wire if read is None else [*wire, read])
             except StoreError as exc:
                 error = exc
         back = flights.answered(seq, error is None)
@@ -461,8 +542,17 @@ class RedisStore(SharedStore):
         had expired."""
         op = ("gw_claim", topic_key(topic), [group, n, _ms(time.time()), _ms(lease), self.owner])
         # after everything recorded before, in the same round trip
-        nxt, expired, flat = await self._write(op)
-        return unpack_flat(topic, flat), (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
+        nxt, expired, singles, runs = await self._write(op)
+        msgs: list[Message] = []
+        if runs:
+            # the bodies, read in a second step: a claim's batches stay while it holds them
+            batches = run_batches(runs)
+            blobs = await self._write(("hmget", topic_key(topic) + "m", batches))
+            msgs = unpack_runs(topic, runs, dict(zip(batches, blobs, strict=True)))
+        if singles:  # requeued, promoted or kicked ones: in (priority, id) order with the rest
+            msgs += unpack_flat(topic, singles)
+            msgs.sort(key=_URGENCY)
+        return msgs, (int(nxt) / 1000.0 if int(nxt) > 0 else 0.0), int(expired)
 
     async def claim_id(self, topic: str, group: str, msg_id: int, lease: float) -> Message | None:
         """Shared: claim one particular message for a delivery here (beanstalkd

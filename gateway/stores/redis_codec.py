@@ -90,18 +90,8 @@ def pack_batch(messages: Sequence[Message]) -> bytes:
     return b"".join([meta(messages[0]), _COUNT.pack(len(bodies)), offsets.tobytes(), *bodies])
 
 
-def unpack(
-    topic: str,
-    id_hex: bytes,
-    attempts: bytes | int,
-    prio: bytes | int,
-    packed: bytes,
-    memo: dict[bytes, tuple[object, ...]] | None = None,
-) -> Message:
-    """A message as `gw_put` stored it; `memo` caches the decoded meta, which the
-    messages of one publish share."""
-    (n,) = _LEN.unpack_from(packed)
-    raw = packed[4 : 4 + n]
+def _shared(raw: bytes, memo: dict[bytes, tuple[object, ...]] | None) -> tuple[object, ...]:
+    """The decoded meta of a batch; `memo` caches it for the other messages of the batch."""
     doc = memo.get(raw) if memo is not None else None
     if doc is None:
         ts, ttr, reply_to, origin, headers, hb = json.loads(raw)
@@ -115,7 +105,21 @@ def unpack(
         )
         if memo is not None:
             memo[raw] = doc
-    ts, ttr, reply_to, origin, headers, hb = doc
+    return doc
+
+
+def unpack(
+    topic: str,
+    id_hex: bytes,
+    attempts: bytes | int,
+    prio: bytes | int,
+    packed: bytes,
+    memo: dict[bytes, tuple[object, ...]] | None = None,
+) -> Message:
+    """A message as `gw_put` stored it; `memo` caches the decoded meta, which the
+    messages of one publish share."""
+    (n,) = _LEN.unpack_from(packed)
+    ts, ttr, reply_to, origin, headers, hb = _shared(packed[4 : 4 + n], memo)
     m = Message(
         int(id_hex, 16),
         topic,
@@ -144,4 +148,59 @@ def unpack_flat(topic: str, flat: Sequence[bytes], *, with_due: bool = False) ->
         if with_due:
             m.deliver_at = float(flat[i + 4]) / 1000.0
         out.append(m)
+    return out
+
+
+def run_batches(flat: Sequence[bytes | int]) -> list[bytes]:
+    """The batches (their keys in m) the runs of a claim cut from, each once."""
+    return list(dict.fromkeys(flat[0::5]))  # type: ignore[arg-type]
+
+
+def unpack_runs(
+    topic: str, flat: Sequence[bytes | int], blobs: dict[bytes, bytes | None]
+) -> list[Message]:
+    """(batch first last attempts prio) x n, as `gw_claim` returns the runs it claimed:
+    messages first..last of the batch `pack_batch` stored, their bodies cut out of its
+    blob (`blobs`: batch -> blob, read by the gateway; a batch that went meanwhile, its
+    topic deleted, has none and delivers nothing)."""
+    out: list[Message] = []
+    memo: dict[bytes, tuple[object, ...]] = {}
+    for i in range(0, len(flat), 5):
+        batch_hex, first, last, attempts, prio = flat[i : i + 5]
+        blob = blobs.get(batch_hex)  # type: ignore[arg-type]
+        if not blob:
+            continue
+        batch = int(batch_hex, 16)  # type: ignore[arg-type]
+        first, last = int(first), int(last)  # type: ignore[arg-type]
+        attempts, prio = int(attempts), int(prio)  # type: ignore[arg-type]
+        (n,) = _LEN.unpack_from(blob)
+        ts, ttr, reply_to, origin, headers, hb = _shared(blob[4 : 4 + n], memo)
+        (count,) = _COUNT.unpack_from(blob, 4 + n)
+        start = 8 + n
+        base = start + 4 * (count + 1)
+        offsets = array("I", blob[start:base])
+        if sys.byteorder != "little":
+            offsets.byteswap()
+        k0 = first - batch
+        ends = offsets[k0 + 1 : last - batch + 2]
+        at = base + offsets[k0]
+        for msg_id, end in zip(range(first, last + 1), ends, strict=True):
+            end += base
+            m = Message(
+                msg_id,
+                topic,
+                blob[at:end],
+                ts,  # type: ignore[arg-type]
+                list(headers) if headers is not None else None,  # type: ignore[call-overload]
+                attempts,
+                prio,
+                0.0,
+                ttr,  # type: ignore[arg-type]
+                reply_to,  # type: ignore[arg-type]
+                origin,  # type: ignore[arg-type]
+            )
+            if hb is not None:
+                m.header_block = hb  # type: ignore[assignment]
+            out.append(m)
+            at = end
     return out

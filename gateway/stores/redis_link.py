@@ -214,6 +214,8 @@ def _stack(pipe: Any, ops: Sequence[tuple[str, str, list[Any]]]) -> None:
             pipe.hdel(key, [args[0]])
         elif fn == "hget":
             pipe.hget(key, args[0])
+        elif fn == "hmget":
+            pipe.hmget(key, args)
         elif fn == "hgetall":
             pipe.hgetall(key)
         elif fn == "exists":
@@ -229,7 +231,7 @@ def _command(op: tuple[str, str, list[Any]]) -> list[Any]:
     return ["FCALL", fn, 1, key, *args]
 
 
-_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hget", "hgetall", "exists"})
+_PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hget", "hmget", "hgetall", "exists"})
 
 
 def _text(name: bytes | str) -> str:

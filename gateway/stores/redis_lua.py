@@ -23,7 +23,14 @@ in docs/storage.md ("Redis"):
                   apart by a slow path): every score 0, member = 8 hex digits of
                   priority + 16 of id, so lexicographic order is (priority, id) in both
   d:<g>     zset  deferred: score = due (ms since the epoch), member = id
-  f:<g>     zset  claimed (in flight on some gateway): score = deadline (ms), member = id
+  c:<g>     zset  range claims: every score 0, member "first(16):last(16)", a run of ids
+                  a claim took from the ranges of q:<g> (see "Range claims" below)
+  e:<g>     zset  the same members, score = the claim's deadline (ms)
+  k:<g>     hash  claim member -> the claiming gateway
+  z:<g>:<first>  string  the claim's bitmap: 1 = no longer held by it
+  held      hash  group -> messages its range claims hold
+  f:<g>     zset  claimed one by one (in flight on some gateway): score = deadline (ms),
+                  member = id
   o:<g>     hash  id -> the claiming gateway
   b:<g>     zset  buried: score = burial order, member = id
   s:<g>     hash  id -> "attempts:priority" (the per-group fields). A message ready since
@@ -40,13 +47,14 @@ from __future__ import annotations
 
 from gateway.stores.redis_lua_claims import CLAIMS
 
-LIBRARY_NAME = "gateway_v2"
+LIBRARY_NAME = "gateway_v3"
 # libraries an older gateway loaded: their functions have the same names, so they go first
-OLD_LIBRARIES = ("gateway_v1",)
+OLD_LIBRARIES = ("gateway_v1", "gateway_v2")
 
-LIBRARY = r"""#!lua name=gateway_v2
+LIBRARY = r"""#!lua name=gateway_v3
 
 local function rkey(prio, id) return string.format('%08x', prio) .. id end
+local function hex(n) return string.format('%016x', n) end
 
 -- one command over many arguments, in slices that fit Lua's stack
 local function bulk(cmd, key, items)
@@ -135,6 +143,118 @@ local function packed(p, b, id)
   return b.head .. string.sub(blob, b.base + o1, b.base + o2 - 1)
 end
 
+-- Range claims. The fresh messages a claim takes from the ranges of q:<g> are held as
+-- ONE entry per run of consecutive ids, not as three writes per message (f, o, s):
+--   c:<g>          zset   every score 0, member "first(16):last(16)": the run, so
+--                         ZREVRANGEBYLEX finds the claim of an id (as x finds its batch)
+--   e:<g>          zset   the same member, score = the claim's deadline (ms)
+--   k:<g>          hash   member -> the claiming gateway
+--   z:<g>:<first>  string bitmap over the run, bit i for id first + i: 1 once the claim
+--                         no longer holds it (finished, or detached: moved to the
+--                         per-message state f/o/s by a change that concerns it alone)
+--   held           hash   group -> how many messages its range claims hold
+-- A range-claimed message's attempts are its batch's + 1 (the claim counted them) and its
+-- priority its batch's: nothing per message is written until it leaves the common path.
+local function parse_claim(mem)
+  local first = string.sub(mem, 1, 16)
+  return {member = mem, first = first, last = string.sub(mem, 18, 33), f0 = tonumber(first, 16)}
+end
+
+-- the range claim of group g whose run holds `id` (nil: none), done or not
+local function claim_of(p, g, id)
+  local mem = redis.call('ZREVRANGEBYLEX', p .. 'c:' .. g, '(' .. id .. ';', '-', 'LIMIT', 0, 1)[1]
+  if not mem or id > string.sub(mem, 18, 33) then return nil end
+  return parse_claim(mem)
+end
+
+local function bits_key(p, g, c) return p .. 'z:' .. g .. ':' .. c.first end
+
+-- a claim none of whose messages it still holds goes
+local function claim_over(p, g, c)
+  if redis.call('BITCOUNT', bits_key(p, g, c)) <= tonumber(c.last, 16) - c.f0 then return end
+  redis.call('ZREM', p .. 'c:' .. g, c.member)
+  redis.call('ZREM', p .. 'e:' .. g, c.member)
+  redis.call('HDEL', p .. 'k:' .. g, c.member)
+  redis.call('DEL', bits_key(p, g, c))
+end
+
+-- the ids claim c still holds, in order
+local function unfinished(p, g, c)
+  local bits = redis.call('GET', bits_key(p, g, c)) or ''
+  local ids = {}
+  for i = 0, tonumber(c.last, 16) - c.f0 do
+    local byte = string.byte(bits, math.floor(i / 8) + 1) or 0
+    if bit.band(byte, bit.rshift(128, i % 8)) == 0 then
+      ids[#ids + 1] = string.format('%016x', c.f0 + i)
+    end
+  end
+  return ids
+end
+
+-- End claim c: what it still holds becomes ready again (`ready`: its lease expired; the
+-- attempt was counted by the claim) or claimed one message at a time, by the same
+-- gateway until the same deadline (a slow path that must see every claimed message in
+-- f/o/s). Returns how many messages it held.
+local function dissolve(p, g, c, ready)
+  local ids = unfinished(p, g, c)
+  local deadline = redis.call('ZSCORE', p .. 'e:' .. g, c.member)
+  local owner = redis.call('HGET', p .. 'k:' .. g, c.member)
+  local ss, rs, fs, os = {}, {}, {}, {}
+  local cur = nil
+  for _, id in ipairs(ids) do
+    cur = find(p, id, cur)
+    if cur then
+      ss[#ss + 1] = id; ss[#ss + 1] = (cur.attempts + 1) .. ':' .. cur.prio
+      if ready then
+        rs[#rs + 1] = 0; rs[#rs + 1] = rkey(cur.prio, id)
+      else
+        fs[#fs + 1] = deadline; fs[#fs + 1] = id
+        os[#os + 1] = id; os[#os + 1] = owner
+      end
+    end
+  end
+  bulk('HSET', p .. 's:' .. g, ss)
+  bulk('ZADD', p .. 'r:' .. g, rs)
+  bulk('ZADD', p .. 'f:' .. g, fs)
+  bulk('HSET', p .. 'o:' .. g, os)
+  if #ids > 0 then redis.call('HINCRBY', p .. 'held', g, -#ids) end
+  redis.call('ZREM', p .. 'c:' .. g, c.member)
+  redis.call('ZREM', p .. 'e:' .. g, c.member)
+  redis.call('HDEL', p .. 'k:' .. g, c.member)
+  redis.call('DEL', bits_key(p, g, c))
+  return #ids
+end
+
+-- every range claim of g becomes per-message claims (slow paths that list or drop)
+local function dissolve_all(p, g)
+  for _, mem in ipairs(redis.call('ZRANGE', p .. 'c:' .. g, 0, -1)) do
+    dissolve(p, g, parse_claim(mem), false)
+  end
+end
+
+-- One message of a range claim leaves it for the per-message state (claimed by the same
+-- gateway until the same deadline), so a change of it alone (a requeue, a touch, a bury)
+-- is the ordinary one. Returns its attempts, priority and batch; nil when no claim holds it.
+local function detach(p, g, id, cur)
+  local c = claim_of(p, g, id)
+  if not c then return nil end
+  if redis.call('SETBIT', bits_key(p, g, c), tonumber(id, 16) - c.f0, 1) == 1 then return nil end
+  redis.call('HINCRBY', p .. 'held', g, -1)
+  local b = find(p, id, cur)
+  if b then
+    redis.call('HSET', p .. 's:' .. g, id, (b.attempts + 1) .. ':' .. b.prio)
+    redis.call('ZADD', p .. 'f:' .. g, redis.call('ZSCORE', p .. 'e:' .. g, c.member), id)
+    redis.call('HSET', p .. 'o:' .. g, id, redis.call('HGET', p .. 'k:' .. g, c.member))
+  end
+  claim_over(p, g, c)
+  if not b then return nil end
+  return b.attempts + 1, b.prio, b
+end
+
+local function claimed_count(p, g)
+  return redis.call('ZCARD', p .. 'f:' .. g) + (tonumber(redis.call('HGET', p .. 'held', g)) or 0)
+end
+
 -- attempts, priority of `id` in group g (nil: not there), and the batch looked up if any
 local function fields(p, g, id, cur)
   local v = redis.call('HGET', p .. 's:' .. g, id)
@@ -142,6 +262,8 @@ local function fields(p, g, id, cur)
     local c = string.find(v, ':', 1, true)
     return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1)), cur
   end
+  local attempts, prio, held = detach(p, g, id, cur)
+  if attempts then return attempts, prio, held end
   materialize(p, g)  -- a fresh one may still be in a range
   local b = find(p, id, cur)
   if b and redis.call('ZSCORE', p .. 'r:' .. g, rkey(b.prio, id)) then
@@ -199,6 +321,7 @@ end
 -- every id group g holds: those with fields, and those ready since their publish
 local function all_ids(p, g)
   materialize(p, g)
+  dissolve_all(p, g)
   local ids, seen = {}, {}
   for _, id in ipairs(redis.call('HKEYS', p .. 's:' .. g)) do
     seen[id] = true
@@ -216,6 +339,7 @@ local function drop_all(p, g)
   redis.call('DEL', p .. 's:' .. g, p .. 'r:' .. g, p .. 'd:' .. g, p .. 'b:' .. g,
              p .. 'f:' .. g, p .. 'o:' .. g, p .. 'q:' .. g)
   redis.call('HDEL', p .. 'fresh', g)
+  redis.call('HDEL', p .. 'held', g)
 end
 
 -- the groups a publish goes to as Redis has them (shared): none while the topic is
@@ -252,7 +376,9 @@ redis.register_function('gw_put', function(keys, a)
   end
   local f0 = tonumber(first, 16)
   local count = tonumber(last, 16) - f0 + 1
-  redis.call('HSET', p .. 'm', first, blob)
+  -- the blob itself comes before this call, as a plain HSET of the same pipeline: passed
+  -- through here it would be copied into Lua and collected again (most of a put's time)
+  if blob ~= '' then redis.call('HSET', p .. 'm', first, blob) end
   redis.call('HSET', p .. 'n', first, count * #groups)
   redis.call('ZADD', p .. 'x', 0, first .. ':' .. last .. ':' .. attempts .. ':' .. prio)
   if due <= 0 then
@@ -317,42 +443,129 @@ redis.register_function('gw_update', function(keys, a)
   return applied
 end)
 
--- remove: group owner id... (acknowledged or deleted); owner '' removes whoever holds it.
--- Bulk commands per call, however many ids (a session's batch of FINs is one call).
+-- Set bits lo..hi (offsets) of bitmap `key` in one read and one write; returns the
+-- offsets that were set already (finished before, or detached), in order.
+local function mark(key, lo, hi)
+  local b0, b1 = math.floor(lo / 8), math.floor(hi / 8)
+  local old = redis.call('GETRANGE', key, b0, b1)
+  local bytes, was = {}, {}
+  for k = b0, b1 do
+    local o, m = string.byte(old, k - b0 + 1) or 0, 255
+    if k == b0 then m = bit.rshift(255, lo % 8) end  -- bit 0 is a byte's highest
+    if k == b1 then m = bit.band(m, 255 - bit.rshift(255, hi % 8 + 1)) end
+    if bit.band(o, m) ~= 0 then
+      for x = 0, 7 do
+        local one = bit.rshift(128, x)
+        if bit.band(m, one) ~= 0 and bit.band(o, one) ~= 0 then was[#was + 1] = k * 8 + x end
+      end
+    end
+    bytes[#bytes + 1] = string.char(bit.bor(o, m))
+  end
+  redis.call('SETRANGE', key, b0, table.concat(bytes))
+  return was
+end
+
+-- remove: group owner item... (acknowledged or deleted); an item is an id or a run of
+-- ids "first:last"; owner '' removes whoever holds them. A run of a range claim costs a
+-- few bitmap bytes and a count per batch, whatever its length; other messages are
+-- removed from wherever they are, field by field, in bulk commands per call (a session's
+-- batch of FINs is one call).
 redis.register_function('gw_remove', function(keys, a)
   local p, g, owner = keys[1], a[1], a[2]
-  local ids = {}
-  for i = 3, #a do ids[#ids + 1] = a[i] end
-  if #ids == 0 then return 0 end
-  local r = p .. 'r:' .. g
-  local svals = hmget(p .. 's:' .. g, ids)
-  local holders = hmget(p .. 'o:' .. g, ids)
-  local gone, members, seen, cur = {}, {}, {}, nil
-  for i, id in ipairs(ids) do
-    if not seen[id] then
-      seen[id] = true
-      local v, holder, prio = svals[i], holders[i], nil
-      if v then
-        prio = tonumber(string.sub(v, string.find(v, ':', 1, true) + 1))
-      else  -- ready since its publish, if anywhere
-        materialize(p, g)
-        cur = find(p, id, cur)
-        if cur and redis.call('ZSCORE', r, rkey(cur.prio, id)) then prio = cur.prio end
-      end
-      if prio and (owner == '' or not holder or holder == owner) then
-        gone[#gone + 1] = id
-        members[#members + 1] = rkey(prio, id)
+  local items = {}
+  for i = 3, #a do
+    local v = a[i]
+    local lo = tonumber(string.sub(v, 1, 16), 16)
+    items[#items + 1] = {lo, #v > 16 and tonumber(string.sub(v, 18, 33), 16) or lo}
+  end
+  table.sort(items, function(x, y) return x[1] < y[1] end)
+  local runs = {}
+  for _, item in ipairs(items) do  -- adjacent and overlapping ones joined
+    local run = runs[#runs]
+    if run and item[1] <= run[2] + 1 then
+      if item[2] > run[2] then run[2] = item[2] end
+    else
+      runs[#runs + 1] = item
+    end
+  end
+  items = runs
+  local removed, finished, rest, ranged, cur = 0, 0, {}, {}, nil
+  local ck = p .. 'c:' .. g
+  for _, item in ipairs(items) do
+    local id, last = item[1], item[2]
+    while id <= last do
+      local h = hex(id)
+      local c = claim_of(p, g, h)
+      if c then
+        local upto = math.min(last, tonumber(c.last, 16))
+        if owner == '' or redis.call('HGET', p .. 'k:' .. g, c.member) == owner then
+          local was = mark(bits_key(p, g, c), id - c.f0, upto - c.f0)
+          local skip = {}
+          for _, off in ipairs(was) do
+            local x = hex(c.f0 + off)
+            skip[c.f0 + off] = true
+            rest[#rest + 1] = x  -- if detached, it is in f/o/s
+            ranged[x] = true
+          end
+          local x = id
+          while x <= upto do  -- the count of each batch the run crosses
+            cur = find(p, hex(x), cur)
+            if not cur then break end
+            local to = math.min(upto, tonumber(cur.last, 16))
+            local k = to - x + 1
+            if #was > 0 then
+              for off = x, to do if skip[off] then k = k - 1 end end
+            end
+            if k > 0 then release(p, cur, k) end
+            finished = finished + k
+            x = to + 1
+          end
+          claim_over(p, g, c)
+        end  -- another gateway's claim: not this one's to finish
+        id = upto + 1
+      else  -- one by one, up to the next claim
+        local nxt = redis.call('ZRANGEBYLEX', ck, '(' .. h, '+', 'LIMIT', 0, 1)[1]
+        local upto = nxt and math.min(last, tonumber(string.sub(nxt, 1, 16), 16) - 1) or last
+        for x = id, upto do rest[#rest + 1] = hex(x) end
+        id = upto + 1
       end
     end
   end
-  if #gone == 0 then return 0 end
-  bulk('ZREM', r, members)
-  for _, k in ipairs({'d:', 'b:', 'f:'}) do bulk('ZREM', p .. k .. g, gone) end
-  bulk('HDEL', p .. 'o:' .. g, gone)
-  bulk('HDEL', p .. 's:' .. g, gone)
-  local n = #gone
-  release_all(p, gone)
-  return n
+  if finished > 0 then redis.call('HINCRBY', p .. 'held', g, -finished) end
+  removed = finished
+  if #rest > 0 then
+    local r = p .. 'r:' .. g
+    local svals = hmget(p .. 's:' .. g, rest)
+    local holders = hmget(p .. 'o:' .. g, rest)
+    local singles, members, seen = {}, {}, {}
+    cur = nil
+    for k, id in ipairs(rest) do
+      if not seen[id] then
+        seen[id] = true
+        local v, holder, prio = svals[k], holders[k], nil
+        if v then
+          prio = tonumber(string.sub(v, string.find(v, ':', 1, true) + 1))
+        elseif not ranged[id] then  -- ready since its publish, if anywhere
+          materialize(p, g)
+          cur = find(p, id, cur)
+          if cur and redis.call('ZSCORE', r, rkey(cur.prio, id)) then prio = cur.prio end
+        end
+        if prio and (owner == '' or not holder or holder == owner) then
+          singles[#singles + 1] = id
+          members[#members + 1] = rkey(prio, id)
+        end
+      end
+    end
+    if #singles > 0 then
+      bulk('ZREM', r, members)
+      for _, k in ipairs({'d:', 'b:', 'f:'}) do bulk('ZREM', p .. k .. g, singles) end
+      bulk('HDEL', p .. 'o:' .. g, singles)
+      bulk('HDEL', p .. 's:' .. g, singles)
+      removed = removed + #singles
+      release_all(p, singles)
+    end
+  end
+  return removed
 end)
 
 -- fan_out: group... (the backlog goes to every one of them)
@@ -420,7 +633,7 @@ redis.register_function('gw_drop_topic', function(keys, a)
   for _, g in ipairs(redis.call('HKEYS', p .. 'groups')) do drop_all(p, g) end
   drop_all(p, '')
   redis.call('DEL', p .. 'groups', p .. 'm', p .. 'n', p .. 'x', p .. 'seq', p .. 'meta',
-             p .. 'fresh', p .. 'w', p .. 'put')
+             p .. 'fresh', p .. 'w', p .. 'put', p .. 'held')
   return 1
 end)
 """

@@ -37,7 +37,7 @@ redis.register_function('gw_snapshot', function(keys, a)
   for _, id in ipairs(redis.call('ZRANGE', p .. 'b:' .. g, 0, -1)) do
     cur = entry(p, g, id, buried, cur)
   end
-  return {total - #members, ready, deferred, buried, redis.call('ZCARD', p .. 'f:' .. g)}
+  return {total - #members, ready, deferred, buried, claimed_count(p, g)}
 end)
 
 -- load: group from_member limit -> flat (id attempts prio packed) in (priority, id) order
@@ -68,12 +68,17 @@ local function promote(p, g, now)
     redis.call('HDEL', p .. 'o:' .. g, id)
     if prio then place(p, g, id, prio, 'r', 0) end
   end
-  return #expired
+  local n = #expired
+  local e = p .. 'e:' .. g
+  for _, mem in ipairs(redis.call('ZRANGEBYSCORE', e, '-inf', now, 'LIMIT', 0, 100)) do
+    n = n + dissolve(p, g, parse_claim(mem), true)
+  end
+  return n
 end
 
 local function next_due(p, g)
   local nxt = -1
-  for _, k in ipairs({p .. 'd:' .. g, p .. 'f:' .. g}) do
+  for _, k in ipairs({p .. 'd:' .. g, p .. 'f:' .. g, p .. 'e:' .. g}) do
     local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
     if first[2] then
       local t = tonumber(first[2])
@@ -83,19 +88,29 @@ local function next_due(p, g)
   return nxt
 end
 
--- The first n ready ids of group g in (priority, id) order, merged from r (placed one
--- by one) and the ranges of q (a range's ids are never in r, so comparing its next id
--- with r's head is enough). Changes nothing; returns what a claim of them must change:
--- the members of r taken, the ranges used up, how many came from ranges, and the
--- member that replaces a range taken in part (nil: none).
+-- The first n ready messages of group g in (priority, id) order, merged from r (placed
+-- one by one) and the ranges of q (a range's ids are never in r, so comparing its next
+-- id with r's head is enough). Changes nothing. Returns them in that order as `seq`,
+-- whose items are an id of r (a string) or a run of consecutive ids from ranges ({first,
+-- last} numbers; runs of adjacent publishes joined), and what a claim of them must
+-- change: the members of r taken, the ranges used up, how many came from ranges, and
+-- the member that replaces a range taken in part (nil: none). Work per run, not per id.
 local function ready_head(p, g, n)
   local singles = n > 0 and redis.call('ZRANGE', p .. 'r:' .. g, 0, n - 1) or {}
-  local ranges = n > 0 and redis.call('ZRANGE', p .. 'q:' .. g, 0, n - 1) or {}
-  local ids, taken, spent, fresh = {}, {}, {}, 0
+  -- ranges are read a few at a time: each holds a whole publish, so a claim of
+  -- hundreds of messages mostly needs a handful of them
+  local q, ranges, page, more = p .. 'q:' .. g, {}, 8, n > 0
+  local seq, taken, spent, fresh = {}, {}, {}, 0
   local i, j = 1, 0
   local pre, at, last, from
   local function next_range()
     j = j + 1
+    if j > #ranges and more then
+      local got = redis.call('ZRANGE', q, #ranges, #ranges + page - 1)
+      for _, mem in ipairs(got) do ranges[#ranges + 1] = mem end
+      more = #got == page
+      page = math.min(page * 2, 512)
+    end
     local mem = ranges[j]
     if mem then
       pre, at = string.sub(mem, 1, 8), tonumber(string.sub(mem, 9, 24), 16)
@@ -103,58 +118,99 @@ local function ready_head(p, g, n)
     end
   end
   next_range()
-  while #ids < n do
+  local got = 0
+  while got < n do
     local single = singles[i]
-    local head = ranges[j] and pre .. string.format('%016x', at)
-    if not single and not head then break end
-    if head and (not single or head < single) then
-      ids[#ids + 1] = string.sub(head, 9)
-      fresh = fresh + 1
-      at = at + 1
+    if not single and not ranges[j] then break end
+    if ranges[j] and (not single or pre .. hex(at) < single) then
+      -- the range up to its end, to n, or (same priority) to the single's id
+      local upto = math.min(last, at + n - got - 1)
+      if single and string.sub(single, 1, 8) == pre then
+        upto = math.min(upto, tonumber(string.sub(single, 9), 16) - 1)
+      end
+      local run = seq[#seq]
+      if type(run) == 'table' and run[2] + 1 == at then
+        run[2] = upto
+      else
+        seq[#seq + 1] = {at, upto}
+      end
+      got = got + upto - at + 1
+      fresh = fresh + upto - at + 1
+      at = upto + 1
       if at > last then
         spent[#spent + 1] = ranges[j]
         next_range()
       end
     else
-      ids[#ids + 1] = string.sub(single, 9)
+      seq[#seq + 1] = string.sub(single, 9)
       taken[#taken + 1] = single
       i = i + 1
+      got = got + 1
     end
   end
   local rest = nil
   if ranges[j] and at > from then
     spent[#spent + 1] = ranges[j]
-    rest = pre .. string.format('%016x', at) .. ':' .. string.format('%016x', last)
+    rest = pre .. hex(at) .. ':' .. hex(last)
   end
-  return ids, taken, spent, fresh, rest
+  return seq, taken, spent, fresh, rest
 end
 
--- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, flat (id attempts prio
--- packed)}: the n most urgent ready messages become claimed by `owner` until now + lease
--- (the delivery then sets the consumer's own deadline). A claim is made only for a
--- delivery, so the attempt is counted here already (the reply shows the count before
--- it): a gateway killed before it recorded the delivery still gives attempts + 1.
+-- claim: group n now_ms lease_ms owner -> {next_due_ms, expired, singles, runs}: the n
+-- most urgent ready messages become claimed by `owner` until now + lease (the delivery
+-- then sets the consumer's own deadline). A claim is made only for a delivery, so the
+-- attempt is counted here already (the reply shows the count before it): a gateway
+-- killed before it recorded the delivery still gives attempts + 1.
+-- Messages placed one by one are claimed one by one (f, o, s) and come back flat, as
+-- (id attempts prio packed). Those taken from the ranges of their publish become range
+-- claims (a few writes per run of ids) and come back per run and batch as (batch first
+-- last attempts prio), first and last as numbers: the gateway reads the batches' blobs
+-- itself (HMGET of m) and cuts the bodies out. Nothing here is done per message, and no
+-- blob passes through Lua (copying one in and out costs more than the rest of a claim).
 redis.register_function('gw_claim', function(keys, a)
   local p, g, n, now, lease, owner = keys[1], a[1], tonumber(a[2]), tonumber(a[3]),
     tonumber(a[4]), a[5]
   local expired = promote(p, g, now)
-  local out = {}
-  local ids, taken, spent, fresh, rest = ready_head(p, g, n)
+  local seq, taken, spent, fresh, rest = ready_head(p, g, n)
   -- less than asked: this gateway waits for the topic's next publish (gw_put tells it)
-  if #ids < n then redis.call('SADD', p .. 'w', owner) end
+  if #taken + fresh < n then redis.call('SADD', p .. 'w', owner) end
   local r, q = p .. 'r:' .. g, p .. 'q:' .. g
   if rest then redis.call('ZADD', q, 0, rest) end
   bulk('ZREM', r, taken)
   bulk('ZREM', q, spent)
-  if fresh > 0 then redis.call('HINCRBY', p .. 'fresh', g, -fresh) end
+  if fresh > 0 then
+    redis.call('HINCRBY', p .. 'fresh', g, -fresh)
+    redis.call('HINCRBY', p .. 'held', g, fresh)
+  end
+  local ids, runs = {}, {}
+  for _, item in ipairs(seq) do
+    if type(item) == 'table' then runs[#runs + 1] = item else ids[#ids + 1] = item end
+  end
+  local singles, cut = {}, {}
+  local cur = nil
+  for _, run in ipairs(runs) do
+    local mem = hex(run[1]) .. ':' .. hex(run[2])
+    redis.call('ZADD', p .. 'c:' .. g, 0, mem)
+    redis.call('ZADD', p .. 'e:' .. g, now + lease, mem)
+    redis.call('HSET', p .. 'k:' .. g, mem, owner)
+    local id = run[1]
+    while id <= run[2] do  -- one piece per batch the run crosses
+      cur = find(p, hex(id), cur)
+      if not cur then break end
+      local upto = math.min(run[2], tonumber(cur.last, 16))
+      cut[#cut + 1] = cur.first; cut[#cut + 1] = id; cut[#cut + 1] = upto
+      cut[#cut + 1] = cur.attempts; cut[#cut + 1] = cur.prio
+      id = upto + 1
+    end
+  end
   if #ids > 0 then
     local svals = hmget(p .. 's:' .. g, ids)
     local fs, os, ss = {}, {}, {}
-    local cur = nil
     for i, id in ipairs(ids) do
       cur = find(p, id, cur)
       if cur then
-        local v, attempts, prio = svals[i], cur.attempts, cur.prio
+        local attempts, prio = cur.attempts, cur.prio
+        local v = svals[i]
         if v then
           local c = string.find(v, ':', 1, true)
           attempts, prio = tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
@@ -162,15 +218,15 @@ redis.register_function('gw_claim', function(keys, a)
         fs[#fs + 1] = now + lease; fs[#fs + 1] = id
         os[#os + 1] = id; os[#os + 1] = owner
         ss[#ss + 1] = id; ss[#ss + 1] = (attempts + 1) .. ':' .. prio
-        out[#out + 1] = id; out[#out + 1] = attempts; out[#out + 1] = prio
-        out[#out + 1] = packed(p, cur, id)
+        singles[#singles + 1] = id; singles[#singles + 1] = attempts
+        singles[#singles + 1] = prio; singles[#singles + 1] = packed(p, cur, id)
       end
     end
     bulk('ZADD', p .. 'f:' .. g, fs)
     bulk('HSET', p .. 'o:' .. g, os)
     bulk('HSET', p .. 's:' .. g, ss)
   end
-  return {next_due(p, g), expired, out}
+  return {next_due(p, g), expired, singles, cut}
 end)
 
 -- touch: group owner then (id deadline_ms) pairs: claims' deadlines move, only their
@@ -183,6 +239,12 @@ redis.register_function('gw_touch', function(keys, a)
   local holders = hmget(p .. 'o:' .. g, ids)
   local fs = {}
   for i, id in ipairs(ids) do
+    if not holders[i] then  -- in a range claim: its own deadline needs its own entry
+      local c = claim_of(p, g, id)
+      if c and redis.call('HGET', p .. 'k:' .. g, c.member) == owner and detach(p, g, id) then
+        holders[i] = owner
+      end
+    end
     if holders[i] == owner then fs[#fs + 1] = a[2 * i + 2]; fs[#fs + 1] = id end
   end
   bulk('ZADD', p .. 'f:' .. g, fs)
@@ -200,7 +262,7 @@ redis.register_function('gw_counts', function(keys, a)
     if first[1] then entry(p, g, first[1], head) end
     out[#out + 1] = {
       ready_count(p, g), redis.call('ZCARD', p .. 'd:' .. g),
-      redis.call('ZCARD', p .. 'f:' .. g), redis.call('ZCARD', p .. 'b:' .. g), head}
+      claimed_count(p, g), redis.call('ZCARD', p .. 'b:' .. g), head}
   end
   return out
 end)
@@ -251,6 +313,11 @@ local function locate(p, g, id)
   end
   local b = batch_of(p, id)
   if not b then return nil end
+  local c = claim_of(p, g, id)
+  if c and redis.call('GETBIT', bits_key(p, g, c), tonumber(id, 16) - c.f0) == 0 then
+    return 'reserved', redis.call('ZSCORE', p .. 'e:' .. g, c.member),
+      redis.call('HGET', p .. 'k:' .. g, c.member), b.attempts + 1, b.prio
+  end
   local key = rkey(b.prio, id)
   local found = redis.call('ZSCORE', p .. 'r:' .. g, key)
   if not found then  -- in a range of its publish?
@@ -284,10 +351,17 @@ redis.register_function('gw_peek', function(keys, a)
   local p, g, state, n = keys[1], a[1], a[2], tonumber(a[3])
   local out, cur, ids, scores = {}, nil, {}, {}
   if state == 'ready' then
-    ids = ready_head(p, g, n)
+    for _, item in ipairs((ready_head(p, g, n))) do
+      if type(item) == 'table' then
+        for id = item[1], item[2] do ids[#ids + 1] = hex(id) end
+      else
+        ids[#ids + 1] = item
+      end
+    end
   else
     local key = ({delayed = 'd:', buried = 'b:', reserved = 'f:'})[state]
     if not key or n <= 0 then return out end
+    if state == 'reserved' then dissolve_all(p, g) end
     local got = redis.call('ZRANGE', p .. key .. g, 0, n - 1, 'WITHSCORES')
     for i = 1, #got, 2 do
       ids[#ids + 1] = got[i]

@@ -114,6 +114,54 @@ async def test_a_dead_gateways_claims_come_back_with_attempts_counted(
         assert all(m.attempts == 2 for m in sb.got)
 
 
+async def test_a_claim_is_one_entry_and_a_dead_claimers_unfinished_come_back(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Range claims: 500 messages of five publishes, claimed at once, are one claim in
+    Redis with nothing per message; finishing a third of them marks them in the claim;
+    the claiming gateway dies, and another delivers exactly the other two thirds, attempts
+    counted, and none of the finished."""
+    cli = redis_server.cli
+    async with gateway(redis_url, tmp_path) as b:
+        a = Broker(open_store(redis_url, tmp_path))
+        await a.open()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            ga = a.group("t", "c")
+            held = Finisher(hold=True)
+            # deliveries time out after 1.5 s (the claim 1 s later), long after A died
+            ca = ga.attach(held, 1.5)
+            for k in range(5):
+                a.publish("t", [b"%d" % (100 * k + i) for i in range(100)])
+            await a.flush()
+            ca.set_ready(500)
+            await until(lambda: len(held.got) == 500)
+            await a.flush()
+            assert cli("ZCARD", "gw:{t}:c:c").strip() == "1"  # one run: one claim
+            assert cli("ZCARD", "gw:{t}:f:c").strip() == "0"  # no claimed message...
+            assert cli("HLEN", "gw:{t}:s:c").strip() == "0"  # ...and no fields of one
+            assert cli("HGET", "gw:{t}:held", "c").strip() == "500"
+            finished = held.got[::3]
+            for m in finished:
+                ga.finish(ca, m.id)
+            await a.flush()
+            assert cli("HGET", "gw:{t}:held", "c").strip() == str(500 - len(finished))
+            nursery.cancel_scope.cancel()  # gateway A dies holding the rest
+        await a.journal.store.link.close()  # type: ignore[attr-defined]
+        done = {m.id for m in finished}
+        unfinished = sorted(m.id for m in held.got if m.id not in done)
+        gb = b.group("t", "c")
+        sb = Finisher()
+        gb.attach(sb, 60).set_ready(1000)
+        await until(lambda: len(sb.got) >= len(unfinished))
+        await b.flush()
+        assert sorted(m.id for m in sb.got) == unfinished
+        assert all(m.attempts == 2 for m in sb.got)
+        # every message finished now: no claim, no batch, nothing counted as held
+        assert cli("EXISTS", "gw:{t}:c:c", "gw:{t}:e:c", "gw:{t}:m", "gw:{t}:x").strip() == "0"
+        assert cli("HGET", "gw:{t}:held", "c").strip() in ("", "0")
+
+
 async def test_registry_and_depth_are_the_same_on_every_gateway(
     redis_url: str, tmp_path: Path
 ) -> None:

@@ -3,8 +3,9 @@
 * NSQ: 2,000 messages MPUBed to A, one consumer on A and one on B in the same channel:
   each message delivered once in total, both get a share; a second channel consumed only
   on B gets all 2,000.
-* A gateway SIGKILLed with 100 messages in flight: a consumer on B gets all 100 with
-  attempts >= 2 (their claims expire in Redis, msg_timeout 2 s).
+* A gateway SIGKILLed with 100 messages in flight, a third of them finished: a consumer
+  on B gets exactly the other 66, attempts 2 (their claim expires in Redis, msg_timeout
+  2 s), and none of the finished.
 * beanstalkd across gateways: priorities, a delay, bury / peek-buried / kick.
 * /stats on A and B show the same depth.
 * Faults: Redis unreachable at start, Redis killed and restarted (AOF, appendfsync always)
@@ -132,8 +133,11 @@ async def test_nsq_channel_shared_by_two_gateways_exactly_once(url: str, tmp_pat
 
 
 async def test_a_killed_gateways_messages_in_flight_reach_the_other(
-    url: str, tmp_path: Path
+    url: str, redis_server: RedisServer, tmp_path: Path
 ) -> None:
+    """A holds 100 messages of one publish in flight (one range claim in Redis) and has
+    finished a third of them when it is SIGKILLed: B delivers exactly the other two
+    thirds, attempts + 1, and none of the finished."""
     async with supervised() as sup:
         a = await gateway(sup, tmp_path, "a", url)
         b = await gateway(sup, tmp_path, "b", url)
@@ -142,18 +146,29 @@ async def test_a_killed_gateways_messages_in_flight_reach_the_other(
         await mpub(a, "jobs", bodies)
         held = [await holder.message() for _ in range(100)]
         assert sorted(d.body for d in held) == bodies
+        assert all(d.attempts == 1 for d in held)
+        finished = held[::3]
+        await holder.fin([d.id for d in finished])
+
+        async def fins_applied() -> bool:  # A's claim holds the rest only
+            return redis_server.cli("HGET", "gw:{jobs}:held", "work").strip() == "66"
+
+        await until(fins_applied, "A's FINs in Redis", 10)
         await a.sigkill()
         started = time.monotonic()
         taker = await NSQConsumer.subscribe(b, "jobs", "work", rdy=200)
+        unfinished = sorted(d.body for d in held if d not in finished)
         got = []
         with trio.fail_after(30):
-            while len(got) < 100:
+            while len(got) < len(unfinished):
                 d = await taker.message(timeout=30)
                 got.append(d)
                 await taker.fin([d.id])
         assert time.monotonic() - started < 30
-        assert sorted(d.body for d in got) == bodies
-        assert all(d.attempts >= 2 for d in got), [d.attempts for d in got]
+        assert sorted(d.body for d in got) == unfinished
+        assert all(d.attempts == 2 for d in got), [d.attempts for d in got]
+        await taker.sync()  # B handled the FINs; nothing else was delivered meanwhile
+        assert redis_server.cli("EXISTS", "gw:{jobs}:m", "gw:{jobs}:c:work").strip() == "0"
 
 
 async def test_beanstalkd_priorities_delays_and_burials_across_gateways(
