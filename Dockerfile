@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The gateway as a small non-root image:
-#   docker build -t mq-gateway .
-#   docker run --rm -p 4150:4150 -p 4151:4151 -p 11300:11300 -v gateway-data:/var/lib/gateway mq-gateway
+#   docker build -t mq-gateway:0.1.0 .
+#   docker run --rm -p 4150:4150 -p 4151:4151 -p 11300:11300 -v gateway-data:/var/lib/gateway mq-gateway:0.1.0
+# (the tag is the package's version, as deploy/compose.yaml and deploy/kubernetes name it)
 # Arguments after the image name are `gateway serve` flags (--log-level debug, --store URL,
 # --nats off, ...); flags beat GATEWAY_* variables, which beat the config file.
 # tests/deploy/test_image_install.py runs this file's install commands in a fresh venv and

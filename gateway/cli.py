@@ -234,7 +234,7 @@ def _check_config(path: str) -> int:
     except ValidationError as exc:
         errors = config.describe_errors(exc, sources)
         for line in errors:
-            print(f"{path}: {line}")
+            print(line)  # each led by its source: FILE:key, or the GATEWAY_ variable
         print(f"{path}: {len(errors)} error(s)")
         return 1
     print(f"{path}: ok")

@@ -18,6 +18,7 @@ GATEWAY_CONFIG names the file when no --config is given (the flag wins here too)
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from gateway.addresses import parse_address, parse_route_url
+from gateway.config_errors import Describer, pair_error, setting_error
 
 # the guarding sections live in config_guard.py; they are part of this model, and
 # imported from here like every other section
@@ -267,6 +269,15 @@ class Settings(_Section):
         if value is not None:
             from gateway.stores import check_store_url
 
+            scheme, _, path = value.partition("://")
+            if scheme == "sqlite" and path and not path.startswith("/"):
+                # sqlite://data.db reads as a path to many; the store takes only an
+                # absolute one, written after a third slash
+                raise ValueError(
+                    f"a SQLite store needs an absolute path, written after three slashes"
+                    f" (sqlite:///absolute/path/to/{path.rsplit('/', 1)[-1]}),"
+                    f' got "{value}"'
+                )
             check_store_url(value)
         return value
 
@@ -286,12 +297,15 @@ class Settings(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_cert is not None and self.tls_key is None:
+            raise pair_error("tls_cert", "tls_key", "a certificate needs its private key")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise pair_error("tls_key", "tls_cert", "a private key needs its certificate")
         own = self.tls_settings.beanstalk
         if self.beanstalk_tls != OFF and self.tls_cert is None and (own is None or not own.cert):
-            raise ValueError(
-                "beanstalk_tls needs a certificate (tls_cert and tls_key, or [tls.beanstalk])"
+            raise setting_error(
+                "beanstalk_tls",
+                "needs a certificate (tls_cert and tls_key, or [tls.beanstalk])",
             )
         return self
 
@@ -369,7 +383,7 @@ def _env_overrides(
             model = _SECTIONS.get(section)
             if model is None or field not in model.model_fields:
                 # a typo would be an error in a file: here too, not silently ignored
-                raise ValueError(f"{key}: no such setting ([{section}] {field})")
+                raise ValueError(f"{key}: no such setting ([{section}] {field})" + _near(key))
             section = _SPLIT_TABLES[section][0] if section in _SPLIT_TABLES else section
             out.setdefault(section, {})[field] = _env_value(model, field, raw)
             names[(section, field)] = key
@@ -379,6 +393,17 @@ def _env_overrides(
             out[name] = _env_value(Settings, name, raw)
             names[(name,)] = key
     return out, names
+
+
+def _near(variable: str) -> str:
+    """ "; did you mean GATEWAY_NSQD__MAX_MSG_SIZE?" for a misspelt section variable."""
+    known = [
+        f"GATEWAY_{section}__{name}".upper()
+        for section, model in _SECTIONS.items()
+        for name in [*model.model_fields, *_SPLIT_TABLES.get(section, ("", {}))[1]]
+    ]
+    close = difflib.get_close_matches(variable, known, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _is_section(name: str) -> bool:
@@ -563,24 +588,14 @@ def _shown(value: Any) -> str:
 
 
 def describe_errors(error: ValidationError, sources: Sources | None = None) -> list[str]:
-    """One line per problem, the key's path first; with `sources`, a value that came from
-    the environment or a flag names it (the file is not where to look for it)."""
-    lines = []
-    for item in error.errors():
-        where = _written(item["loc"]) or "(file)"
-        # pydantic prefixes a validator's own message with "Value error, "
-        message = item["msg"].removeprefix("Value error, ")
-        origin = _origin(sources, item["loc"]) if sources else None
-        if sources and origin == sources.file:
-            origin = None  # from the file: every line already says which one
-        lines.append(f"{where}: {message}" + (f" (from {origin})" if origin else ""))
-    return lines
-
-
-def _origin(sources: Sources, loc: Sequence[str | int]) -> str | None:
-    """The source of the longest path an error's location starts with."""
-    for end in range(len(loc), 0, -1):
-        found = sources.origin.get(tuple(str(p) for p in loc[:end]))
-        if found is not None:
-            return found
-    return None
+    """One line per problem, led by where its value came from: `FILE:key` for the file,
+    the flag or the GATEWAY_ variable otherwise (config_errors.py)."""
+    describer = Describer(
+        Settings,
+        sources.origin if sources else {},
+        sources.file if sources else None,
+        _written,
+        {(settings,): list(top) for settings, top in _SPLIT_TABLES.values()},
+        lambda key: any(word in key for word in _SECRET_KEYS),
+    )
+    return describer.lines(error)

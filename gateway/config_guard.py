@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.config_errors import pair_error
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -63,8 +65,10 @@ class ListenerTLS(_Section):
 
     @model_validator(mode="after")
     def _pair(self) -> ListenerTLS:
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("cert and key go together")
+        if self.cert is not None and self.key is None:
+            raise pair_error("cert", "key", "a certificate needs its private key")
+        if self.key is not None and self.cert is None:
+            raise pair_error("key", "cert", "a private key needs its certificate")
         return self
 
 

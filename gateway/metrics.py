@@ -1,16 +1,35 @@
 """Prometheus collectors shared by every listener.
 
 One registry per gateway process (tests build several gateways in one process, so the
-collectors are not registered in prometheus_client's global default registry).
+collectors are not registered in prometheus_client's global default registry). Names
+follow the Prometheus naming guide: the unit in the name, `_total` last on counters.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
 from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from gateway import __version__
+
+# No counter exposes a `_created` series. The broker's counters are read from plain
+# integers at scrape time (metrics_broker.py) and have no creation time to give; with
+# prometheus_client's default only the few Counter objects here had one, so a query could
+# not rely on it anyway, and in the text format each `_created` is one more series per
+# label set, read by Prometheus as a gauge of its own. One rule for every counter: none.
+disable_created_metrics()
 
 
 class _HandedOverCounter(Counter):
@@ -61,11 +80,19 @@ class Metrics:
         )
         self.protocol_errors._hand_over = self._hand_over_errors
         self.bytes_in = Counter(
-            "gateway_bytes_received_total", "Bytes read", ["protocol"], registry=self.registry
+            "gateway_received_bytes", "Bytes read", ["protocol"], registry=self.registry
         )
         self.bytes_out = Counter(
-            "gateway_bytes_sent_total", "Bytes written", ["protocol"], registry=self.registry
+            "gateway_sent_bytes", "Bytes written", ["protocol"], registry=self.registry
         )
+        # which build answers: gateway_build_info{version, python} 1
+        Info("gateway_build", "The gateway's version and Python's", registry=self.registry).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
+        # process_* (resident memory, CPU seconds, open and maximum file descriptors, start
+        # time) and python_info, from prometheus_client's own collectors
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def refresh(self) -> None:
         """Bring counters that sessions batch (to keep them off their hot paths) up to

@@ -3,7 +3,13 @@
 The broker counts in plain integers (gateway/broker/stats.py); this collector turns them
 into metric families when /metrics is scraped, so publishing and acknowledging never touch
 prometheus_client. Label cardinality is bounded: past `max_series` (topic, group) pairs,
-sorted by name, the rest are summed under topic and group `_other`.
+sorted by name, the rest are summed under topic and group `_other` (and past `max_series`
+topics, the per-topic series under topic `_other`).
+
+A topic's backlog (what it keeps before its first group takes it: an NSQ topic with no
+channel yet) is `gateway_topic_backlog{topic}`, one series per topic, 0 once a group
+exists: it belongs to no group, so it is not a `gateway_queue_depth` series, and
+`sum(gateway_queue_depth)` is what the groups hold.
 """
 
 from __future__ import annotations
@@ -43,6 +49,14 @@ class BrokerCollector(Collector):
         pub: dict[tuple[str, str], int] = defaultdict(int)
         topics = query.topics(broker, by_name=True)
         kept = {topic.name for topic in topics[:cap]}
+        backlog = GaugeMetricFamily(
+            "gateway_topic_backlog",
+            "Messages a topic keeps for its first group (none yet), per topic",
+            labels=["topic"],
+        )
+        backlogs: dict[str, int] = defaultdict(int)
+        for topic in topics:
+            backlogs[topic.name if topic.name in kept else OVERFLOW] += topic.backlog
         for topic in topics:
             label = topic.name if topic.name in kept else OVERFLOW
             for protocol, n in topic.published_by.items():
@@ -76,7 +90,7 @@ class BrokerCollector(Collector):
         gauges = {
             name: GaugeMetricFamily(f"gateway_queue_{name}", text, labels=["topic", "group"])
             for name, text in (
-                ("depth", 'Ready messages (a topic\'s backlog: group "")'),
+                ("depth", "Ready messages of a group"),
                 ("in_flight", "Messages delivered and not yet acknowledged"),
                 ("deferred", "Messages waiting for their delay or retry time"),
                 ("buried", "Messages buried (dead letters), kept and kickable"),
@@ -88,11 +102,6 @@ class BrokerCollector(Collector):
         series = 0
         for topic in topics:
             name = topic.name
-            backlog = topic.backlog
-            if backlog:
-                key = (name, "") if series < cap else (OVERFLOW, OVERFLOW)
-                series += key[0] != OVERFLOW
-                levels.setdefault(key, [0, 0, 0, 0, 0])[0] += backlog
             for group in query.groups(broker, name, by_name=True):
                 key = (name, group.name) if series < cap else (OVERFLOW, OVERFLOW)
                 series += key[0] != OVERFLOW
@@ -127,6 +136,9 @@ class BrokerCollector(Collector):
                 family.add_metric([topic_label, group_label], value)
         yield from counters.values()
         yield from gauges.values()
+        for name, n in sorted(backlogs.items()):
+            backlog.add_metric([name], n)
+        yield backlog
 
         latency = HistogramMetricFamily(
             "gateway_publish_to_ack_seconds",

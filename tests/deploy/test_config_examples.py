@@ -49,7 +49,7 @@ def test_a_broken_example_fails_with_each_key_path(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     for key in ("broker.max_attempts", "nsqd.max_rdy_cont", "beanstalk"):
         # one line per error, starting with the key's path
-        assert any(line.startswith(f"{broken}: {key}: ") for line in lines), (key, lines)
+        assert any(line.startswith(f"{broken}:{key}: ") for line in lines), (key, lines)
     assert lines[-1] == f"{broken}: 3 error(s)"
 
 

@@ -258,7 +258,7 @@ async def test_metrics_move_with_traffic_from_every_protocol() -> None:
         assert delta("gateway_publish_to_ack_seconds_count", protocol="nsq") == 6
         for protocol in ("nsq", "beanstalk", "nats"):
             assert after[("gateway_open_connections", frozenset({("protocol", protocol)}))] >= 1
-            assert delta("gateway_bytes_received_total", protocol=protocol) > 0
+            assert delta("gateway_received_bytes_total", protocol=protocol) > 0
         for stream in (nsq, bs):
             await stream.aclose()
         await nats.aclose()

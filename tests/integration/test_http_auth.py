@@ -157,7 +157,7 @@ def test_check_config_explains_the_clash(tmp_path: Path) -> None:
         [sys.executable, "-m", "gateway", "check-config", str(reads)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    assert out.returncode == 1 and "http: protect_reads needs an auth_token" in out.stdout
+    assert out.returncode == 1 and f"{reads}:http: protect_reads needs an auth_token" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -410,5 +410,5 @@ async def test_a_malformed_redis_url_is_one_config_error(
     )
     err = done.stderr.decode()
     assert done.returncode == 2, err
-    assert err.startswith("config error: store: ") and says in err, err
+    assert err.startswith("config error: --store: ") and says in err, err
     assert "Traceback" not in err, err

@@ -169,7 +169,7 @@ async def test_metrics_count_connections_and_bytes(gateway_for_metrics: Gateway)
     )
     assert text is not None and text >= 1
     assert gw.metrics.registry.get_sample_value(
-        "gateway_bytes_received_total", {"protocol": "rocketmq"}
+        "gateway_received_bytes_total", {"protocol": "rocketmq"}
     )
 
 
