@@ -20,6 +20,7 @@ from gateway import __version__, node
 from gateway.addresses import Address, format_address, is_loopback
 from gateway.broker import Broker
 from gateway.config import Settings
+from gateway.http.history import History
 from gateway.http.server import listeners as http_listeners
 from gateway.listeners import HTTPListener, Listener, Service
 from gateway.metrics import Metrics
@@ -79,6 +80,8 @@ class Gateway:
             memory_window=s.storage.memory_window,
             archive=self.archive,
         )
+        # the admin page's charts, sampled whether or not a page is open
+        self.history = History(self.broker)
         if self.archive is not None:
             self.metrics.watch_archive(self.archive)
         self.metrics.watch_broker(self.broker, s.metrics.max_series)
@@ -150,6 +153,7 @@ class Gateway:
                 self.archive.start()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.broker.run)
+                await nursery.start(self.history.run)
                 for service in self.services:
                     if service.before is not None:
                         service.before()

@@ -43,7 +43,8 @@ class Process:
         return [json.loads(line) for line in list(self.lines) if line.startswith("{")]
 
     def messages(self) -> list[str]:
-        return [r["msg"] for r in self.records()]
+        """The messages of every logger but the access log's."""
+        return [r["msg"] for r in self.records() if r["logger"] != "gateway.http.access"]
 
     async def wait_for(self, match: Callable[[str], bool], what: str) -> list[str]:
         """Every log message that `match`es, once there is one (10 s at most)."""
@@ -209,3 +210,29 @@ async def test_http_refusals_writes_and_the_access_log(gateway_process: Process)
     access = [r for r in gateway_process.records() if r["logger"] == "gateway.http.access"]
     assert any('"GET /no/such/page HTTP/1.1" 404' in r["msg"] for r in access), access
     assert any('"POST /topic/create?topic=made HTTP/1.1" 200 0' in r["msg"] for r in access)
+
+
+async def test_admin_actions_say_what_they_dropped(gateway_process: Process) -> None:
+    host, port = gateway_process.addresses["http"]
+    api = f"http://{host}:{port}/admin/api"
+    async with httpx.AsyncClient() as client:
+        published = await client.post(f"{api}/publish?topic=kept", content=b"one more")
+        assert published.status_code == 200
+        empty = await client.post(f"{api}/empty?topic=kept&group=ch")
+        assert empty.json()["dropped"] == {"ready": 4, "in_flight": 0, "deferred": 1, "buried": 0}
+        headers = {"authorization": "Bearer anything"}  # no token is set: any goes
+        deleted = await client.post(f"{api}/delete?topic=kept", headers=headers)
+        assert deleted.status_code == 200
+    [line] = await gateway_process.wait_for(lambda m: "/admin/api/delete" in m, "delete")
+    assert line.startswith("http write POST /admin/api/delete?topic=kept from 127.0.0.1:")
+    assert line.endswith(
+        "token used: 200, delete kept: 0 messages dropped"
+        " (ready 0, in_flight 0, deferred 0, buried 0)"
+    )
+    [empty_line] = [m for m in gateway_process.messages() if "/admin/api/empty" in m]
+    assert empty_line.endswith(
+        "token none: 200, empty kept/ch: 5 messages dropped"
+        " (ready 4, in_flight 0, deferred 1, buried 0)"
+    )
+    [pub_line] = [m for m in gateway_process.messages() if "/admin/api/publish" in m]
+    assert "published message" in pub_line and "(8 B) to kept" in pub_line
