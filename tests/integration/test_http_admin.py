@@ -19,6 +19,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import __version__
 from gateway.app import Gateway
 from tests.clients import harness as h
 from tests.helpers import RawBeanstalk, RawNSQ, be32, running_gateway
@@ -190,9 +191,52 @@ async def test_admin_api_actions_and_peek() -> None:
             kick = await client.post(url(gw, "/admin/api/kick?topic=jobs&group=beanstalk"))
             assert kick.json() == {"ok": True, "kicked": 1}
             assert len(gw.broker.topics["jobs"].groups["beanstalk"].buried) == 0
+            # a topic's depth is its backlog (nsqd's /stats); its groups' totals beside it
+            assert orders["backlog"] == 0
+            assert orders["groups_total"] == {
+                "depth": 6, "in_flight": 0, "deferred": 0, "buried": 0
+            }  # fmt: skip
+            # nsqadmin's client details, for every protocol's consumers
+            [sub] = ch["clients"]
+            assert sub["client_id"] and sub["connected_since"] > 0
+            assert (sub["finish_count"], sub["requeue_count"], sub["tls"]) == (0, 0, "")
+            assert (sub["snappy"], sub["deflate"]) == (False, False)
+            assert worker["client_id"] == "127.0.0.1" and "message_count" in worker
+            # the node panel
+            node = state["node"]
+            assert node["version"] == __version__ and node["uptime"] >= 0
+            assert node["rss"] > 10_000_000
+            assert node["store"] == {
+                "kind": "memory", "where": "memory", "fsync": "none (memory)", "size": None,
+                "health": "ok",
+            }  # fmt: skip
+            # the gateway's own history: a point from the start, whoever polls
+            history = (await client.get(url(gw, "/admin/api/history"))).json()
+            assert history["interval"] == 10.0 and len(history["samples"]) >= 1
+            assert "time" in history["samples"][0]
             empty = await client.post(url(gw, "/admin/api/empty?topic=orders&group=ch"))
             assert empty.status_code == 200
+            assert empty.json()["dropped"] == {
+                "ready": 6, "in_flight": 0, "deferred": 0, "buried": 0
+            }  # fmt: skip
             assert len(gw.broker.topics["orders"].groups["ch"].ready) == 0
+            published = await client.post(
+                url(gw, "/admin/api/publish?topic=orders"), content=b"by hand"
+            )
+            assert published.status_code == 200
+            [by_hand] = gw.broker.topics["orders"].groups["ch"].ready
+            assert by_hand.body == b"by hand" and by_hand.id == published.json()["id"]
+            for query, status in [("", 400), ("topic=a%20b", 400)]:
+                reply = await client.post(url(gw, f"/admin/api/publish?{query}"), content=b"x")
+                assert reply.status_code == status
+            assert (
+                await client.post(url(gw, "/admin/api/publish?topic=t"), content=b"")
+            ).status_code == 400
+            deleted = await client.post(url(gw, "/admin/api/delete?topic=orders&group=ch"))
+            assert deleted.json()["dropped"]["ready"] == 1
+            assert "ch" not in gw.broker.topics["orders"].groups
+            assert (await client.post(url(gw, "/admin/api/delete?topic=jobs"))).status_code == 200
+            assert "jobs" not in gw.broker.topics
             missing = await client.post(url(gw, "/admin/api/pause?topic=nope"))
             assert missing.status_code == 404
             assert missing.json() == {"message": "TOPIC_NOT_FOUND"}
