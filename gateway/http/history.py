@@ -93,8 +93,9 @@ class History:
         seconds = now - self._last_at if self._last_at is not None else 0.0
         points: dict[tuple[str, str | None], Point] = {}
         for key, (n_in, n_acked, depth, held) in counters.items():
-            before = self._last.get(key)
-            if before is None or seconds <= 0:
+            # a series new since the last sample counted all of its messages since then
+            before = self._last.get(key, (0, 0))
+            if seconds <= 0:  # the first sample: no interval to divide by
                 rate_in = rate_acked = 0.0
             else:
                 # a counter that went down (a topic deleted and made again) is 0, not less

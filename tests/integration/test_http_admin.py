@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -94,13 +95,23 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         headed = await headed_nats_message(gw, "orders")
         group = gw.broker.topics["orders"].groups["ch"]
         assert len(group.ready) == 7
+        [headed_msg] = [m for m in group.ready if m.body.startswith(b"with headers")]
+        # what the gateway sampled before the page opened, stamped 4 and 2 minutes ago
+        past = [time.time() - 240, time.time() - 120]
+        gw.history.wall = lambda: past.pop(0) if past else time.time()
+        gw.history.samples.clear()
+        gw.history.sample()  # the rates since the gateway's start: the traffic above
+        gw.history.sample()
         with trio.fail_after(60):
             result = await h.run(
                 [sys.executable, str(SCRIPT), "--url", url(gw), "--topic", "orders",
-                 "--group", "ch", "--message", "with headers",
+                 "--group", "ch", "--message", "with headers", "--other", "jobs",
                  "--screenshots", str(ARTIFACTS)]
             )  # fmt: skip
-        assert result["page_errors"] == []
+        assert result["page_errors"] == [] and result["console_errors"] == []
+        # the first paint already charts the gateway's history: minutes the page never saw
+        first = result["first_paint"]
+        assert first["points"] >= 2 and first["peak"] > 0 and first["span"] >= 240
         assert result["state"] == "serving"
         assert {"orders", "jobs"} <= set(result["topics"])
         assert ["jobs", "beanstalk"] in result["groups"]
@@ -122,7 +133,6 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         assert any("from nats" in p for p in result["peek"])
         # the message view: id, attempts, headers, body as text and as hex
         message = result["message"]
-        [headed_msg] = [m for m in group.ready if m.body.startswith(b"with headers")]
         assert message["id"] == str(headed_msg.id)
         assert message["facts"]["id"] == f"{headed_msg.id} (NSQ {headed_msg.id:016x})"
         assert message["facts"]["attempts"] == "0"
@@ -141,7 +151,33 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         assert (consumer["in_flight"], consumer["ready"]) == ("0", "0")
         assert detail["charts"] == ["topic", "ch"]
         assert result["back_to_overview"]
-        for name in ("", "-full", "-message", "-message-hex", "-topic"):
+        # the node panel
+        node = result["node"]
+        assert node["version"] == __version__ and node["store"] == "memory memory"
+        assert node["health"] == "ok" and node["rss"].endswith("MiB")
+        assert "nsq 1" in node["connections"] and "beanstalk 1" in node["connections"]
+        # filter and sort: jobs alone; orders (8 held), jobs (3), default (beanstalkd's, 0)
+        assert result["filtered"] == ["jobs"]
+        assert result["sorted_by_held"] == ["orders", "jobs", "default"]
+        # a topic's depth is its backlog, its groups' ready beside it
+        assert result["topic_depth"] == "0 · 8"
+        # empty asks first, naming the group and what goes; cancel keeps it all
+        question = result["empty_question"]
+        assert question["title"] == "empty group ch of topic orders?"
+        assert question["text"].startswith("8 messages will be lost: 8 ready, 0 in flight")
+        assert question["verb"] == "empty"
+        assert result["depth_after_cancel"] == result["depth_before"] == 8
+        assert result["depth_after_publish"] == 9
+        assert result["emptied"] and len(group.ready) == 0
+        deleting = result["delete_question"]
+        assert deleting["title"] == "delete topic jobs?"
+        assert deleting["text"].startswith(
+            "3 messages will be lost: 2 ready, 0 in flight, 0 deferred, 1 buried."
+        )
+        assert "1 group: all go with it" in deleting["text"]
+        assert result["deleted"] and "jobs" not in gw.broker.topics
+        _fits(result["fit_after_actions"])
+        for name in ("", "-full", "-message", "-message-hex", "-topic", "-node", "-confirm"):
             assert (ARTIFACTS / f"admin-page{name}.png").stat().st_size > 10000
         for stream in (nsq, bs, headed):
             await stream.aclose()
