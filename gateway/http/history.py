@@ -9,6 +9,7 @@ and each sample is stamped with `wall()` (time.time unless a test says otherwise
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +27,7 @@ INTERVAL = 10.0  # seconds between samples
 KEEP = 180  # samples kept: 30 minutes at the default interval
 # topics and groups a sample covers at most: memory stays bounded whatever clients create
 MAX_SERIES = 500
+log = logging.getLogger("gateway.http")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,11 @@ class History:
         """Sample now and then every `interval` seconds, until cancelled."""
         task_status.started()
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:
+                # the charts miss a point; the gateway, which serves without them, goes on
+                log.exception("admin history: a sample failed")
             await trio.sleep(self.interval)
 
     def _counters(self) -> dict[tuple[str, str | None], tuple[int, int, int, int]]:

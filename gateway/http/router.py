@@ -29,6 +29,9 @@ log = logging.getLogger("gateway.http")
 access_log = logging.getLogger("gateway.http.access")
 # methods that only read: every other one is a write action, logged at info
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
+# nsqd's publishes: the data path, thousands a second, not an operator's action (the
+# access log has them)
+PUBLISHES = frozenset({"/pub", "/mpub"})
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -214,7 +217,11 @@ class Router:
             response = await self._dispatch(request)
         except ClientGone:
             return
-        if request.method not in READS and response.status < 400:
+        if (
+            request.method not in READS
+            and 200 <= response.status < 300
+            and request.path not in PUBLISHES
+        ):
             log.info(
                 "http write %s %s from %s, token %s: %d%s",
                 request.method,

@@ -195,6 +195,7 @@ async def test_http_refusals_writes_and_the_access_log(gateway_process: Process)
         assert (await client.get(f"{base}/no/such/page")).status_code == 404
         created = await client.post(f"{base}/topic/create?topic=made")
         assert created.status_code == 200
+        assert (await client.post(f"{base}/pub?topic=made", content=b"data")).status_code == 200
         assert (await client.post(f"{base}/topic/empty?topic=missing")).status_code == 404
     await gateway_process.wait_for(lambda m: "/topic/empty?topic=missing" in m, "refusal")
     messages = gateway_process.messages()
@@ -205,8 +206,10 @@ async def test_http_refusals_writes_and_the_access_log(gateway_process: Process)
     ), messages
     [write] = [m for m in messages if m.startswith("http write POST /topic/create?topic=made")]
     assert " from 127.0.0.1:" in write and write.endswith("token none: 200")
-    # a refused write is a refusal, not a write action
-    assert not any(m.startswith("http write POST /topic/empty") for m in messages)
+    # a refused write is a refusal, not a write action; a publish is data, not an action
+    assert not any(
+        m.startswith(("http write POST /topic/empty", "http write POST /pub")) for m in messages
+    )
     access = [r for r in gateway_process.records() if r["logger"] == "gateway.http.access"]
     assert any('"GET /no/such/page HTTP/1.1" 404' in r["msg"] for r in access), access
     assert any('"POST /topic/create?topic=made HTTP/1.1" 200 0' in r["msg"] for r in access)
