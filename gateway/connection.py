@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -222,6 +223,7 @@ class Connection:
         self._released: trio.Event | None = None  # made by a task that waits for a release
         self.ended = False  # a failed commit's last words are queued
         self._error_log: Throttle | None = None  # made at the first protocol error
+        self.opened = time.time()  # wall clock, for the admin page's "connected since"
 
     # -- life cycle ------------------------------------------------------------------
 

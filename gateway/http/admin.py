@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import __version__, node
 from gateway.broker import Group, Topic, query
 from gateway.broker.stats import COUNTS
-from gateway.clients import ClientInfo
+from gateway.clients import ClientInfo, TLSInfo
 from gateway.http.gocompat import go_json
 from gateway.http.router import HTTPError, Request, Response, Router, committed
 from gateway.model import Message
@@ -107,6 +107,43 @@ def _client_details(info: ClientInfo | None) -> dict[str, Any]:
     }
 
 
+_CLIENTS_MAX = 200  # rows of the connections table: a page, not an inventory
+
+
+def client_rows(gateway: Gateway) -> list[dict[str, Any]]:
+    """Every client connection of every protocol, with what its session knows of it
+    (nsqadmin's details for NSQ; a NATS client's name and subscriptions)."""
+    out: list[dict[str, Any]] = []
+    for protocol, server in (
+        ("nsq", gateway.nsq),
+        ("beanstalk", gateway.beanstalk),
+        ("nats", gateway.nats),
+        ("rocketmq", gateway.rocketmq),
+    ):
+        for session in list(getattr(server, "sessions", ()))[:_CLIENTS_MAX]:
+            conn = getattr(session, "conn", None)
+            tls = TLSInfo.of(conn.stream) if conn is not None else None
+            row: dict[str, Any] = {
+                "protocol": protocol,
+                "address": getattr(session, "remote", ""),
+                "connected_since": int(conn.opened) if conn is not None else 0,
+                "tls": tls.version if tls is not None else "",
+            }
+            info_of = getattr(session, "client_info", None)
+            if callable(info_of):  # NSQ's and beanstalkd's sessions
+                details = _client_details(info_of())
+                if not details["connected_since"]:
+                    details["connected_since"] = row["connected_since"]
+                row.update(details, tls=details["tls"] or row["tls"])
+            if protocol == "nats":
+                row["client_id"] = str(getattr(session, "client_id", ""))
+                row["user_agent"] = getattr(session, "name", "")
+                row["subscriptions"] = len(getattr(session, "subs", ()))
+            out.append(row)
+    out.sort(key=lambda r: (r["protocol"], r["address"]))
+    return out[:_CLIENTS_MAX]
+
+
 def node_state(gateway: Gateway) -> dict[str, Any]:
     """The node panel: this process, its store and its connections."""
     return {
@@ -171,6 +208,7 @@ def state(gateway: Gateway) -> dict[str, Any]:
         "connections": dict(sorted(connections.items())),
         "routes": routes,
         "node": node_state(gateway),
+        "clients": client_rows(gateway),
         "topics": topics,
     }
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.clients
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS", ROOT / "test-artifacts"))
+NONE = "\u2013"  # what the page shows for a value it does not have
 SCRIPT = ROOT / "tests" / "clients" / "browser" / "admin_page.py"
 
 
@@ -156,6 +157,12 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         assert node["version"] == __version__ and node["store"] == "memory memory"
         assert node["health"] == "ok" and node["rss"].endswith("MiB")
         assert "nsq 1" in node["connections"] and "beanstalk 1" in node["connections"]
+        # every protocol's clients, with what their sessions know
+        clients = {c["protocol"]: c for c in result["clients"]}
+        assert {"nsq", "beanstalk", "nats"} <= set(clients)
+        assert all(c["address"].startswith("127.0.0.1:") for c in result["clients"])
+        assert NONE not in (clients["nsq"]["client_id"], clients["nsq"]["connected"])
+        assert clients["nats"]["subscriptions"] == "0"
         # filter and sort: jobs alone; orders (8 held), jobs (3), default (beanstalkd's, 0)
         assert result["filtered"] == ["jobs"]
         assert result["sorted_by_held"] == ["orders", "jobs", "default"]
@@ -238,6 +245,10 @@ async def test_admin_api_actions_and_peek() -> None:
             assert (sub["finish_count"], sub["requeue_count"], sub["tls"]) == (0, 0, "")
             assert (sub["snappy"], sub["deflate"]) == (False, False)
             assert worker["client_id"] == "127.0.0.1" and "message_count" in worker
+            conns = state["clients"]
+            assert sorted({c["protocol"] for c in conns}) == ["beanstalk", "nats", "nsq"]
+            nats_client = next(c for c in conns if c["protocol"] == "nats")
+            assert nats_client["subscriptions"] == 0 and nats_client["connected_since"] > 0
             # the node panel
             node = state["node"]
             assert node["version"] == __version__ and node["uptime"] >= 0

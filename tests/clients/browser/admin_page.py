@@ -71,6 +71,11 @@ def overview_actions(page: Page, args: argparse.Namespace, row: str, out: dict[s
             .map(n => [n.dataset.node, n.querySelector("b").textContent]))"""
     )
     page.locator("#node").screenshot(path=shots / "admin-page-node.png")
+    out["clients"] = page.evaluate(
+        """() => [...document.querySelectorAll("#client-table tr.client")].map(r =>
+            Object.fromEntries([...r.querySelectorAll("[data-field]")]
+                .map(c => [c.dataset.field, c.textContent])))"""
+    )
     topics = "() => [...document.querySelectorAll('#rows tr.topic')].map(r => r.dataset.topic)"
     page.fill("#filter", args.other)
     out["filtered"] = page.evaluate(topics)
