@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gateway import __version__, node
 from gateway.addresses import Address, format_address, is_loopback
 from gateway.broker import Broker
 from gateway.config import Settings
+from gateway.http.history import History
 from gateway.http.server import listeners as http_listeners
 from gateway.listeners import HTTPListener, Listener, Service
 from gateway.metrics import Metrics
@@ -46,6 +49,11 @@ class Gateway:
     # the gateway starts to stop
     serving: bool = False
     stopping: bool = False
+    # for the start-up lines: the file the settings came from (None: flags and
+    # environment only); and whether the HTTP listeners log every request
+    config_file: str | None = None
+    access_log: bool = False
+    started: float = field(default_factory=time.time)
 
     @property
     def state(self) -> str:
@@ -72,6 +80,8 @@ class Gateway:
             memory_window=s.storage.memory_window,
             archive=self.archive,
         )
+        # the admin page's charts, sampled whether or not a page is open
+        self.history = History(self.broker)
         if self.archive is not None:
             self.metrics.watch_archive(self.archive)
         self.metrics.watch_broker(self.broker, s.metrics.max_series)
@@ -135,12 +145,15 @@ class Gateway:
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Open the store, bind every listener, report where, then serve until cancelled."""
+        self._log_start()
         await self.broker.open()
+        self._log_recovered()
         try:
             if self.archive is not None:
                 self.archive.start()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.broker.run)
+                await nursery.start(self.history.run)
                 for service in self.services:
                     if service.before is not None:
                         service.before()
@@ -164,6 +177,33 @@ class Gateway:
                     if self.archive is not None:
                         # after the broker: the last events are in the buffer
                         await trio.to_thread.run_sync(self.archive.close)
+
+    def _log_start(self) -> None:
+        """What an operator asks first about a running gateway: which version, read from
+        which file, keeping its messages where, how durably, and archiving what."""
+        log.info("gateway %s starting, config file: %s", __version__, self.config_file or "none")
+        store = node.store_info(self)
+        log.info("store: %s at %s, fsync: %s", store["kind"], store["where"] or "-", store["fsync"])
+        a = self.settings.archive
+        if self.archive is None:
+            log.info("archive: off")
+        else:
+            log.info(
+                "archive: %s, topics: %s, bodies: %s",
+                self.archive.directory,
+                ", ".join(a.topics) if a.topics else "all",
+                a.body,
+            )
+
+    def _log_recovered(self) -> None:
+        states, topics, groups = node.held(self.broker)
+        log.info(
+            "recovered %d messages (%s) in %d topics, %d groups",
+            sum(states.values()),
+            ", ".join(f"{k} {states[k]}" for k in ("ready", "deferred", "reserved", "buried")),
+            topics,
+            groups,
+        )
 
     async def _listen(self, nursery: trio.Nursery, listener: Listener | HTTPListener) -> None:
         """Start a listener, announce where it is bound; a bind that fails names the

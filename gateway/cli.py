@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 import trio
 from pydantic import ValidationError
 
-from gateway import __version__, config
+from gateway import __version__, config, logs
 from gateway.app import Gateway
 from gateway.broker.errors import StoreUnavailable
 from gateway.pipeline import cli as pipeline_cli
@@ -66,6 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", metavar="FILE")
     serve.add_argument("--tls-key", metavar="FILE")
     serve.add_argument("--log-level", metavar="LEVEL")
+    serve.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="text",
+        help="text (default), json (one object a line) or logfmt (key=value)",
+    )
+    serve.add_argument(
+        "--access-log", action="store_true", help="log every HTTP request (gateway.http.access)"
+    )
     check = sub.add_parser(
         "check-config",
         help="validate a configuration file, with the GATEWAY_* environment over it as serve "
@@ -169,11 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in config.describe_errors(exc, sources):
             print(f"config error: {line}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(settings.log_level, args.log_format)
     # A setting two sources disagree on: which one won, so that a value nobody remembers
     # setting (an image's or a pod's environment, a forgotten file) is found in the log.
     for override in sources.overrides:
@@ -181,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tune_gc()
     failed: list[BaseException] = []
     try:
-        gateway = Gateway(settings)
+        gateway = Gateway(settings, config_file=sources.file, access_log=args.access_log)
         trio.run(_serve, gateway)
     except* (OSError, StoreUnavailable) as group:
         # a port in use, an unreadable certificate, a data dir that cannot be used: one

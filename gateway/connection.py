@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway.broker.errors import StoreUnavailable
+from gateway.logs import Throttle, dropped_note, shown
 from gateway.tcp import Turn, receive, socket_fd, try_write
 
 if TYPE_CHECKING:
@@ -220,6 +222,8 @@ class Connection:
         self.held_from: int | None = None  # the place of the first held frame; None: none
         self._released: trio.Event | None = None  # made by a task that waits for a release
         self.ended = False  # a failed commit's last words are queued
+        self._error_log: Throttle | None = None  # made at the first protocol error
+        self.opened = time.time()  # wall clock, for the admin page's "connected since"
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -238,6 +242,7 @@ class Connection:
         m, label = self.metrics, self.protocol
         m.connections.labels(label).inc()
         m.connections_total.labels(label).inc()
+        log.debug("%s connection from %s opened", label, self.remote)
         try:
             async with trio.open_nursery() as nursery:
                 self.cancel_scope = nursery.cancel_scope
@@ -260,6 +265,7 @@ class Connection:
                 on_close()
             finally:
                 m.connections.labels(label).dec()
+                log.debug("%s connection from %s closed", label, self.remote)
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(self.stream)
 
@@ -297,6 +303,23 @@ class Connection:
             self.fd = None  # from now on every byte goes through the TLS stream
         finally:
             self.sending = False
+
+    def protocol_error(self, reply: bytes | str, code: bytes | str | None = None) -> None:
+        """A command refused with `reply`: counted by its code (`code`, else the reply's
+        first word) and logged with the peer and the reply, a few lines at most per
+        connection (Throttle): a client that sends only garbage cannot flood the log."""
+        self.metrics.protocol_error(self.protocol, reply if code is None else code)
+        if self._error_log is None:
+            self._error_log = Throttle()
+        dropped = self._error_log.allow()
+        if dropped is not None:
+            log.info(
+                "%s client %s: protocol error, replied %s%s",
+                self.protocol,
+                self.remote,
+                shown(reply),
+                dropped_note(dropped),
+            )
 
     def too_many_errors(self) -> bool:
         """Whether the bad commands in a row (`errors_in_a_row`) reached the bound: a

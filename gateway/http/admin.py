@@ -9,8 +9,13 @@ fed over a NATS route look the same.
   GET  /admin/api/state                           topics, groups, consumers, routes
   GET  /admin/api/peek?topic=&group=&state=&limit=   ready or buried messages
   GET  /admin/api/message?topic=[&group=]&id=     one message, its body in base64
-  POST /admin/api/{pause,unpause,empty}?topic=[&group=]
+  GET  /admin/api/history                         the gateway's samples (gateway.http.history)
+  POST /admin/api/{pause,unpause,empty,delete}?topic=[&group=]
   POST /admin/api/kick?topic=&group=[&bound=]     buried (or deferred) back to ready
+  POST /admin/api/publish?topic=                  the request body as one message
+
+Every write is logged by the router with its client and whether a token came with it; a
+destructive one (empty, delete) says there what it dropped (the response's note).
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from collections import Counter
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from gateway import __version__, node
 from gateway.broker import Group, Topic, query
 from gateway.broker.stats import COUNTS
+from gateway.clients import ClientInfo, TLSInfo
 from gateway.http.gocompat import go_json
 from gateway.http.router import HTTPError, Request, Response, Router, committed
 from gateway.model import Message
+from gateway.protocols.nsq.names import is_ephemeral
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -68,6 +76,7 @@ def _group_state(group: query.GroupView) -> dict[str, Any]:
                 "address": c.address,
                 "in_flight": c.in_flight,
                 "ready": c.ready,
+                **_client_details(c.client),
             }
             for c in clients
         ],
@@ -78,16 +87,99 @@ def _group_state(group: query.GroupView) -> dict[str, Any]:
     }
 
 
+def _client_details(info: ClientInfo | None) -> dict[str, Any]:
+    """What nsqadmin shows of a client; a worker of another protocol has fewer of them
+    (its hostname and user agent are empty)."""
+    if info is None:
+        return {}
+    return {
+        "client_id": info.client_id,
+        "hostname": info.hostname,
+        "user_agent": info.user_agent or info.version,
+        "connected_since": info.connect_ts,
+        "message_count": info.message_count,
+        "finish_count": info.finish_count,
+        "requeue_count": info.requeue_count,
+        "tls": info.tls.version if info.tls is not None else "",
+        "snappy": info.snappy,
+        "deflate": info.deflate,
+        "authed": info.authed,
+    }
+
+
+_CLIENTS_MAX = 200  # rows of the connections table: a page, not an inventory
+
+
+def client_rows(gateway: Gateway) -> list[dict[str, Any]]:
+    """Every client connection of every protocol, with what its session knows of it
+    (nsqadmin's details for NSQ; a NATS client's name and subscriptions)."""
+    out: list[dict[str, Any]] = []
+    for protocol, server in (
+        ("nsq", gateway.nsq),
+        ("beanstalk", gateway.beanstalk),
+        ("nats", gateway.nats),
+        ("rocketmq", gateway.rocketmq),
+    ):
+        for session in list(getattr(server, "sessions", ()))[:_CLIENTS_MAX]:
+            conn = getattr(session, "conn", None)
+            tls = TLSInfo.of(conn.stream) if conn is not None else None
+            row: dict[str, Any] = {
+                "protocol": protocol,
+                "address": getattr(session, "remote", ""),
+                "connected_since": int(conn.opened) if conn is not None else 0,
+                "tls": tls.version if tls is not None else "",
+            }
+            info_of = getattr(session, "client_info", None)
+            if callable(info_of):  # NSQ's and beanstalkd's sessions
+                details = _client_details(info_of())
+                if not details["connected_since"]:
+                    details["connected_since"] = row["connected_since"]
+                row.update(details, tls=details["tls"] or row["tls"])
+            if protocol == "nats":
+                row["client_id"] = str(getattr(session, "client_id", ""))
+                row["user_agent"] = getattr(session, "name", "")
+                row["subscriptions"] = len(getattr(session, "subs", ()))
+            out.append(row)
+    out.sort(key=lambda r: (r["protocol"], r["address"]))
+    return out[:_CLIENTS_MAX]
+
+
+def node_state(gateway: Gateway) -> dict[str, Any]:
+    """The node panel: this process, its store and its connections."""
+    return {
+        "version": __version__,
+        "started": gateway.started,
+        "uptime": max(0.0, time.time() - gateway.started),
+        "rss": node.rss(),
+        "config_file": gateway.config_file or "",
+        "store": node.store_info(gateway),
+    }
+
+
+def _held(groups: list[query.GroupView]) -> dict[str, int]:
+    """Every group's messages of a topic together, by state (beside the topic's own
+    depth, which is its backlog as nsqd's /stats counts it)."""
+    out = {"depth": 0, "in_flight": 0, "deferred": 0, "buried": 0}
+    for g in groups:
+        c = g.counts
+        out["depth"] += c.ready
+        out["in_flight"] += c.reserved
+        out["deferred"] += c.delayed
+        out["buried"] += c.buried
+    return out
+
+
 def state(gateway: Gateway) -> dict[str, Any]:
     broker = gateway.broker
     topics = []
     for topic in query.topics(broker, by_name=True):
-        groups = query.groups(broker, topic.name, by_name=True)
+        groups = query.groups(broker, topic.name, by_name=True, clients=True)
         topics.append(
             {
                 "name": topic.name,
                 "paused": topic.paused,
                 "backlog": topic.backlog,
+                "groups_total": _held(groups),
                 "message_count": topic.message_count,
                 "published": dict(sorted(topic.published_by.items())),
                 "groups": [_group_state(g) for g in groups],
@@ -115,6 +207,8 @@ def state(gateway: Gateway) -> dict[str, Any]:
         "published": dict(sorted(broker.published_by.items())),
         "connections": dict(sorted(connections.items())),
         "routes": routes,
+        "node": node_state(gateway),
+        "clients": client_rows(gateway),
         "topics": topics,
     }
 
@@ -151,6 +245,27 @@ def _whole_message(found: query.Located) -> dict[str, Any]:
         "reply_to": msg.reply_to,
         "body_base64": base64.b64encode(body).decode("ascii"),
         "truncated": len(msg.body) > _BODY_MAX,
+    }
+
+
+def _lost(gateway: Gateway, topic: str, group: str | None, action: str) -> dict[str, int]:
+    """What an empty or a delete drops, by state: a group's messages; a topic's backlog,
+    and for a delete its groups' too (an empty of a topic leaves its groups alone, as
+    nsqd's /topic/empty does)."""
+    broker = gateway.broker
+    if group is not None:
+        views = [v for v in [query.group(broker, topic, group)] if v is not None]
+        backlog = 0
+    else:
+        views = query.groups(broker, topic) if action == "delete" else []
+        view = query.topic(broker, topic)
+        backlog = view.backlog if view is not None else 0
+    held = _held(views)
+    return {
+        "ready": held["depth"] + backlog,
+        "in_flight": held["in_flight"],
+        "deferred": held["deferred"],
+        "buried": held["buried"],
     }
 
 
@@ -212,11 +327,42 @@ def register(router: Router, gateway: Gateway) -> None:
             raise HTTPError(404, "MESSAGE_NOT_FOUND")
         return _json(_whole_message(found))
 
+    async def history(request: Request) -> Response:
+        return _json(gateway.history.as_json())
+
+    async def publish(request: Request) -> Response:
+        name = request.arg("topic")
+        if not name:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        # any protocol's name (a subject, a tube), but one a log line and a page can show
+        if len(name) > 255 or not name.isprintable() or " " in name:
+            raise HTTPError(400, "INVALID_TOPIC")
+        limit = gateway.settings.nsqd.max_msg_size
+        body = await request.body(limit + 1)
+        if len(body) > limit:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        (msg,), _ = gateway.broker.publish(
+            name, [body], origin=f"admin {request.remote}", ephemeral=is_ephemeral(name)
+        )
+        response = _json({"ok": True, "id": msg.id})
+        response.note = f"published message {msg.id} ({len(body)} B) to {name}"
+        return response
+
     def action(name: str) -> Any:
         async def handler(request: Request) -> Response:
             topic, group = await _find(gateway, request)
             result: dict[str, Any] = {"ok": True}
             target: Topic | Group = group if group is not None else topic
+            what = f"{topic.name}/{group.name}" if group is not None else topic.name
+            note = ""
+            if name in ("empty", "delete"):
+                lost = _lost(gateway, topic.name, None if group is None else group.name, name)
+                result["dropped"] = lost
+                note = f"{name} {what}: {sum(lost.values())} messages dropped " + (
+                    "(" + ", ".join(f"{k} {n}" for k, n in lost.items()) + ")"
+                )
             if name == "pause":
                 target.pause()
             elif name == "unpause":
@@ -225,6 +371,11 @@ def register(router: Router, gateway: Gateway) -> None:
                 target.unpause()
             elif name == "empty":
                 target.empty()
+            elif name == "delete":
+                if group is None:
+                    gateway.broker.delete_topic(topic.name)
+                else:
+                    topic.delete_group(group.name)
             elif name == "kick":
                 if group is None:
                     raise HTTPError(400, "MISSING_ARG_GROUP")
@@ -233,7 +384,10 @@ def register(router: Router, gateway: Gateway) -> None:
                 except ValueError:
                     raise HTTPError(400, "INVALID_BOUND") from None
                 result["kicked"] = await gateway.broker.kick(group, bound)
-            return _json(result)
+                note = f"kick {what}: {result['kicked']} messages back to ready"
+            response = _json(result)
+            response.note = note or f"{name} {what}"
+            return response
 
         return handler
 
@@ -241,5 +395,7 @@ def register(router: Router, gateway: Gateway) -> None:
     router.add("/admin/api/state", get_state, "GET")
     router.add("/admin/api/peek", peek, "GET")
     router.add("/admin/api/message", message, "GET")
-    for name in ("pause", "unpause", "empty", "kick"):
+    router.add("/admin/api/history", history, "GET")
+    router.add("/admin/api/publish", committed(gateway.broker.flush, publish), "POST")
+    for name in ("pause", "unpause", "empty", "delete", "kick"):
         router.add(f"/admin/api/{name}", committed(gateway.broker.flush, action(name)), "POST")

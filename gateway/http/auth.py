@@ -63,6 +63,7 @@ def _guarded(handler: Handler, token: bytes, router: Router) -> Handler:
         if authorized(request, token):
             return await handler(request)
         router.metrics.protocol_error("http", "UNAUTHORIZED")
+        router.log_error(request, 401, "UNAUTHORIZED")
         response = v1_error(401, "UNAUTHORIZED")
         response.headers.append(CHALLENGE)
         return response

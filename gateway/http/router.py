@@ -22,9 +22,16 @@ import trio
 
 from gateway.broker.errors import StoreUnavailable
 from gateway.http.gocompat import QueryError, go_json, parse_query
+from gateway.logs import Throttles, dropped_note, shown
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.http")
+access_log = logging.getLogger("gateway.http.access")
+# methods that only read: every other one is a write action, logged at info
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+# nsqd's publishes: the data path, thousands a second, not an operator's action (the
+# access log has them)
+PUBLISHES = frozenset({"/pub", "/mpub"})
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -55,6 +62,8 @@ class Response:
     body: bytes = b""
     content_type: str | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    # what a write action did, for its log line ("1167 messages dropped"); never sent
+    note: str = ""
 
     async def send(self, send: Send, *, head: bool = False) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers]
@@ -167,8 +176,12 @@ def committed(commit: Callable[[], Awaitable[None]], handler: Handler) -> Handle
 
 
 class Router:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, *, access: bool = False) -> None:
         self.metrics = metrics
+        self.access = access  # one access-log line per request (gateway.http.access)
+        # error lines per client address: a client that only sends bad requests gets a
+        # few lines, not one per request
+        self._error_log = Throttles()
         # path -> method -> handler
         self.routes: dict[str, dict[str, Handler]] = {}
         # "/config/" -> the handlers of /config/<name> (httprouter's "/config/:opt")
@@ -204,6 +217,30 @@ class Router:
             response = await self._dispatch(request)
         except ClientGone:
             return
+        if (
+            request.method not in READS
+            and 200 <= response.status < 300
+            and request.path not in PUBLISHES
+        ):
+            log.info(
+                "http write %s %s from %s, token %s: %d%s",
+                request.method,
+                path_of(request),
+                request.remote,
+                "used" if "authorization" in request.headers else "none",
+                response.status,
+                f", {response.note}" if response.note else "",
+            )
+        if self.access:
+            access_log.info(
+                '%s "%s %s HTTP/%s" %d %d',
+                request.remote,
+                request.method,
+                path_of(request),
+                request.http_version,
+                response.status,
+                len(response.body),
+            )
         try:
             await response.send(send, head=request.method == "HEAD")
         except trio.BusyResourceError:
@@ -225,20 +262,20 @@ class Router:
             allow = ", ".join(sorted({*table, "OPTIONS"}))
             if method == "OPTIONS":
                 return Response(200, headers=[("allow", allow)])
-            response = self._error(405, "METHOD_NOT_ALLOWED")
+            response = self._error(405, "METHOD_NOT_ALLOWED", request)
             response.headers.insert(0, ("allow", allow))
             return response
-        return self._error(404, "NOT_FOUND")
+        return self._error(404, "NOT_FOUND", request)
 
     async def _call(self, handler: Handler, request: Request) -> Response:
         try:
             return await handler(request)
         except HTTPError as exc:
-            return self._error(exc.status, exc.message)
+            return self._error(exc.status, exc.message, request)
         except StoreUnavailable:
             # the store cannot write (disk full, I/O error): nothing was acknowledged, the
             # client may retry; 503 as nsqd answers a publish it cannot take
-            return self._error(503, "E_PUB_FAILED")
+            return self._error(503, "E_PUB_FAILED", request)
         except ClientGone:
             raise
         except Exception:
@@ -246,11 +283,28 @@ class Router:
             log.exception(
                 "HTTP %s %s from %s failed", request.method, path_of(request), request.remote
             )
-            return self._error(500, "INTERNAL_ERROR")
+            return self._error(500, "INTERNAL_ERROR", request)
 
-    def _error(self, status: int, message: str) -> Response:
+    def _error(self, status: int, message: str, request: Request | None = None) -> Response:
         self.metrics.protocol_error("http", message)
+        if request is not None:
+            self.log_error(request, status, message)
         return v1_error(status, message)
+
+    def log_error(self, request: Request, status: int, message: str) -> None:
+        """A refused request, at info: who, what, and the reply sent (a few lines per
+        client address at most)."""
+        dropped = self._error_log.allow(request.remote.rpartition(":")[0])
+        if dropped is not None:
+            log.info(
+                "http client %s: %s %s refused, replied %d %s%s",
+                request.remote,
+                request.method,
+                shown(path_of(request)),
+                status,
+                message,
+                dropped_note(dropped),
+            )
 
 
 def path_of(request: Request) -> str:

@@ -54,7 +54,7 @@ def build_router(gateway: Gateway) -> Router:
     """Every endpoint of the listener. /ping and /info are shared by the nsqd and
     nsqlookupd APIs; where both define a path (/topic/create, ...), nsqd's wins, since
     this process is the nsqd that acts on it."""
-    router = Router(gateway.metrics)
+    router = Router(gateway.metrics, access=gateway.access_log)
     lookupd.register(router, gateway)
     nsqd.register(router, gateway)
     probes.register(router, gateway)

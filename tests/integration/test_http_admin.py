@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import __version__
 from gateway.app import Gateway
 from tests.clients import harness as h
 from tests.helpers import RawBeanstalk, RawNSQ, be32, running_gateway
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.clients
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS", ROOT / "test-artifacts"))
+NONE = "\u2013"  # what the page shows for a value it does not have
 SCRIPT = ROOT / "tests" / "clients" / "browser" / "admin_page.py"
 
 
@@ -93,13 +96,23 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         headed = await headed_nats_message(gw, "orders")
         group = gw.broker.topics["orders"].groups["ch"]
         assert len(group.ready) == 7
+        [headed_msg] = [m for m in group.ready if m.body.startswith(b"with headers")]
+        # what the gateway sampled before the page opened, stamped 4 and 2 minutes ago
+        past = [time.time() - 240, time.time() - 120]
+        gw.history.wall = lambda: past.pop(0) if past else time.time()
+        gw.history.samples.clear()
+        gw.history.sample()  # the rates since the gateway's start: the traffic above
+        gw.history.sample()
         with trio.fail_after(60):
             result = await h.run(
                 [sys.executable, str(SCRIPT), "--url", url(gw), "--topic", "orders",
-                 "--group", "ch", "--message", "with headers",
+                 "--group", "ch", "--message", "with headers", "--other", "jobs",
                  "--screenshots", str(ARTIFACTS)]
             )  # fmt: skip
-        assert result["page_errors"] == []
+        assert result["page_errors"] == [] and result["console_errors"] == []
+        # the first paint already charts the gateway's history: minutes the page never saw
+        first = result["first_paint"]
+        assert first["points"] >= 2 and first["peak"] > 0 and first["span"] >= 240
         assert result["state"] == "serving"
         assert {"orders", "jobs"} <= set(result["topics"])
         assert ["jobs", "beanstalk"] in result["groups"]
@@ -121,7 +134,6 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         assert any("from nats" in p for p in result["peek"])
         # the message view: id, attempts, headers, body as text and as hex
         message = result["message"]
-        [headed_msg] = [m for m in group.ready if m.body.startswith(b"with headers")]
         assert message["id"] == str(headed_msg.id)
         assert message["facts"]["id"] == f"{headed_msg.id} (NSQ {headed_msg.id:016x})"
         assert message["facts"]["attempts"] == "0"
@@ -140,7 +152,39 @@ async def test_admin_page_in_chromium(tmp_path: Path) -> None:
         assert (consumer["in_flight"], consumer["ready"]) == ("0", "0")
         assert detail["charts"] == ["topic", "ch"]
         assert result["back_to_overview"]
-        for name in ("", "-full", "-message", "-message-hex", "-topic"):
+        # the node panel
+        node = result["node"]
+        assert node["version"] == __version__ and node["store"] == "memory memory"
+        assert node["health"] == "ok" and node["rss"].endswith("MiB")
+        assert "nsq 1" in node["connections"] and "beanstalk 1" in node["connections"]
+        # every protocol's clients, with what their sessions know
+        clients = {c["protocol"]: c for c in result["clients"]}
+        assert {"nsq", "beanstalk", "nats"} <= set(clients)
+        assert all(c["address"].startswith("127.0.0.1:") for c in result["clients"])
+        assert NONE not in (clients["nsq"]["client_id"], clients["nsq"]["connected"])
+        assert clients["nats"]["subscriptions"] == "0"
+        # filter and sort: jobs alone; orders (8 held), jobs (3), default (beanstalkd's, 0)
+        assert result["filtered"] == ["jobs"]
+        assert result["sorted_by_held"] == ["orders", "jobs", "default"]
+        # a topic's depth is its backlog, its groups' ready beside it
+        assert result["topic_depth"] == "0 · 8"
+        # empty asks first, naming the group and what goes; cancel keeps it all
+        question = result["empty_question"]
+        assert question["title"] == "empty group ch of topic orders?"
+        assert question["text"].startswith("8 messages will be lost: 8 ready, 0 in flight")
+        assert question["verb"] == "empty"
+        assert result["depth_after_cancel"] == result["depth_before"] == 8
+        assert result["depth_after_publish"] == 9
+        assert result["emptied"] and len(group.ready) == 0
+        deleting = result["delete_question"]
+        assert deleting["title"] == "delete topic jobs?"
+        assert deleting["text"].startswith(
+            "3 messages will be lost: 2 ready, 0 in flight, 0 deferred, 1 buried."
+        )
+        assert "1 group: all go with it" in deleting["text"]
+        assert result["deleted"] and "jobs" not in gw.broker.topics
+        _fits(result["fit_after_actions"])
+        for name in ("", "-full", "-message", "-message-hex", "-topic", "-node", "-confirm"):
             assert (ARTIFACTS / f"admin-page{name}.png").stat().st_size > 10000
         for stream in (nsq, bs, headed):
             await stream.aclose()
@@ -190,9 +234,56 @@ async def test_admin_api_actions_and_peek() -> None:
             kick = await client.post(url(gw, "/admin/api/kick?topic=jobs&group=beanstalk"))
             assert kick.json() == {"ok": True, "kicked": 1}
             assert len(gw.broker.topics["jobs"].groups["beanstalk"].buried) == 0
+            # a topic's depth is its backlog (nsqd's /stats); its groups' totals beside it
+            assert orders["backlog"] == 0
+            assert orders["groups_total"] == {
+                "depth": 6, "in_flight": 0, "deferred": 0, "buried": 0
+            }  # fmt: skip
+            # nsqadmin's client details, for every protocol's consumers
+            [sub] = ch["clients"]
+            assert sub["client_id"] and sub["connected_since"] > 0
+            assert (sub["finish_count"], sub["requeue_count"], sub["tls"]) == (0, 0, "")
+            assert (sub["snappy"], sub["deflate"]) == (False, False)
+            assert worker["client_id"] == "127.0.0.1" and "message_count" in worker
+            conns = state["clients"]
+            assert sorted({c["protocol"] for c in conns}) == ["beanstalk", "nats", "nsq"]
+            nats_client = next(c for c in conns if c["protocol"] == "nats")
+            assert nats_client["subscriptions"] == 0 and nats_client["connected_since"] > 0
+            # the node panel
+            node = state["node"]
+            assert node["version"] == __version__ and node["uptime"] >= 0
+            assert node["rss"] > 10_000_000
+            assert node["store"] == {
+                "kind": "memory", "where": "memory", "fsync": "none (memory)", "size": None,
+                "health": "ok",
+            }  # fmt: skip
+            # the gateway's own history: a point from the start, whoever polls
+            history = (await client.get(url(gw, "/admin/api/history"))).json()
+            assert history["interval"] == 10.0 and len(history["samples"]) >= 1
+            assert "time" in history["samples"][0]
             empty = await client.post(url(gw, "/admin/api/empty?topic=orders&group=ch"))
             assert empty.status_code == 200
+            assert empty.json()["dropped"] == {
+                "ready": 6, "in_flight": 0, "deferred": 0, "buried": 0
+            }  # fmt: skip
             assert len(gw.broker.topics["orders"].groups["ch"].ready) == 0
+            published = await client.post(
+                url(gw, "/admin/api/publish?topic=orders"), content=b"by hand"
+            )
+            assert published.status_code == 200
+            [by_hand] = gw.broker.topics["orders"].groups["ch"].ready
+            assert by_hand.body == b"by hand" and by_hand.id == published.json()["id"]
+            for query, status in [("", 400), ("topic=a%20b", 400)]:
+                reply = await client.post(url(gw, f"/admin/api/publish?{query}"), content=b"x")
+                assert reply.status_code == status
+            assert (
+                await client.post(url(gw, "/admin/api/publish?topic=t"), content=b"")
+            ).status_code == 400
+            deleted = await client.post(url(gw, "/admin/api/delete?topic=orders&group=ch"))
+            assert deleted.json()["dropped"]["ready"] == 1
+            assert "ch" not in gw.broker.topics["orders"].groups
+            assert (await client.post(url(gw, "/admin/api/delete?topic=jobs"))).status_code == 200
+            assert "jobs" not in gw.broker.topics
             missing = await client.post(url(gw, "/admin/api/pause?topic=nope"))
             assert missing.status_code == 404
             assert missing.json() == {"message": "TOPIC_NOT_FOUND"}

@@ -205,7 +205,7 @@ class BeanstalkSession:
 
     def _internal_error(self, exc: StoreUnavailable) -> bytes:
         """A write whose commit failed: beanstalkd's reply when its binlog write fails."""
-        self._metrics.protocol_error("beanstalk", b"INTERNAL_ERROR")
+        self.conn.protocol_error(b"INTERNAL_ERROR")
         return bc.INTERNAL_ERROR
 
     def report_bytes(self) -> None:
@@ -221,7 +221,7 @@ class BeanstalkSession:
             reply = event.reply
         else:
             reply = event.data  # type: ignore[attr-defined]
-        self._metrics.protocol_error("beanstalk", reply.rstrip(b"\r\n"))
+        self.conn.protocol_error(reply.rstrip(b"\r\n"))
         return reply
 
     def _put(self, event: ev.Put) -> bytes:
@@ -243,7 +243,7 @@ class BeanstalkSession:
         except StoreUnavailable:
             # the store cannot write: refused before anything is queued, as beanstalkd
             # answers a put it cannot reserve binlog space for
-            self._metrics.protocol_error("beanstalk", b"OUT_OF_MEMORY")
+            self.conn.protocol_error(b"OUT_OF_MEMORY")
             return bc.OUT_OF_MEMORY
         return bc.inserted(msg.id)
 

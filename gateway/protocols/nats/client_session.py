@@ -286,7 +286,7 @@ class NATSClientSession:
             elif cls is ev.ProtocolError:
                 if event.reply is not None:  # type: ignore[union-attr]
                     out.append(event.reply)  # type: ignore[union-attr]
-                    self._metrics.protocol_error("nats", event.reply[6:-3])  # type: ignore[union-attr]
+                    self.conn.protocol_error(event.reply, event.reply[6:-3])  # type: ignore[union-attr]
                 if event.close:  # type: ignore[union-attr]
                     return _CLOSE
                 continue
@@ -296,7 +296,7 @@ class NATSClientSession:
 
     def _error(self, text: str) -> None:
         self.conn.out.append(cc.err(text))
-        self._metrics.protocol_error("nats", text)
+        self.conn.protocol_error(text)
         self._erred = True
         self.conn.errors_in_a_row += 1
 

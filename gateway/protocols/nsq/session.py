@@ -218,7 +218,7 @@ class NSQSession:
                     # connection's last words: a failing store also refuses this batch's
                     # publish, whose own E_PUB_FAILED would follow the first one.
                     if close.frame is not None and not conn.ended:
-                        self._metrics.protocol_error("nsq", close.frame[8:])
+                        conn.protocol_error(close.frame[8:])
                         conn.out.append(close.frame)
                     await conn.flush_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -382,7 +382,7 @@ class NSQSession:
         fatal error, E_PUB_FAILED ... E_SUB_FAILED (counted here; the connection ends
         after it)."""
         frame = self._failed_frame(command, exc)
-        self._metrics.protocol_error("nsq", frame[8:])
+        self.conn.protocol_error(frame[8:])
         return frame
 
     @staticmethod
@@ -602,7 +602,7 @@ class NSQSession:
     def _refused(self, prefix: bytes, msg_id: bytes, outcome: Outcome) -> bytes:
         reason = _NOT_OWNER if outcome is Outcome.NOT_OWNER else _NOT_IN_FLIGHT
         text = b"%s %s failed %s" % (prefix, msg_id, reason)
-        self._metrics.protocol_error("nsq", text)
+        self.conn.protocol_error(text)
         return error_frame(text)
 
     # -- delivery (called by the broker, synchronously) --------------------------

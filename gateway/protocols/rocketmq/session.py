@@ -149,7 +149,7 @@ class RocketMQSession:
                     conn.out.append(answer)
                     conn.pending += len(answer)
             elif event.__class__ is ProtocolError:
-                self._metrics.protocol_error(PROTOCOL, "FRAME")
+                self.conn.protocol_error("FRAME")
                 log.info("rocketmq connection from %s closed: %s", self.remote, event.reason)  # type: ignore[union-attr]
                 keep_open = False
             # a Response answers a request the gateway sent; nothing waits for it
@@ -161,7 +161,9 @@ class RocketMQSession:
     def _answer(self, request: Request) -> Answer:
         handler = self._handlers.get(request.code)
         if handler is None:
-            self._metrics.protocol_error(PROTOCOL, "REQUEST_CODE_NOT_SUPPORTED")
+            self.conn.protocol_error(
+                f"REQUEST_CODE_NOT_SUPPORTED {request.code}", "REQUEST_CODE_NOT_SUPPORTED"
+            )
             return None if request.oneway else not_supported(request)
         try:
             answer = handler(request)
@@ -183,7 +185,7 @@ class RocketMQSession:
             name = ResponseCode(code).name
         except ValueError:
             name = str(code)
-        self._metrics.protocol_error(PROTOCOL, name)
+        self.conn.protocol_error(f"{name} {remark}", name)
         return encode_response(
             request.opaque, code, remark=remark, serialize_type=request.serialize_type
         )

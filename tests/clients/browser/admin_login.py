@@ -5,9 +5,10 @@
 
 Loads the page. With --reads-protected the page's data needs the token, so the token
 dialog must come up by itself; otherwise the page shows the topics first, and the dialog
-comes up when the user clicks "empty" on group G of T (an action). A wrong token is tried first (the
-dialog must say it was refused and ask again), then the right one. Prints one JSON line:
-what the page showed at each step. The test decides whether that is right.
+comes up when the user clicks "empty" on group G of T (an action) and confirms it. A
+wrong token is tried first (the dialog must say it was refused and ask again), then the
+right one. Prints one JSON line: what the page showed at each step. The test decides
+whether that is right.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> int:
                 )
                 group_row = f'tr.group[data-topic="{args.topic}"][data-group="{args.group}"]'
                 page.click(f'{group_row} button[data-action="empty"]')
+                page.click("dialog#confirm[open] #confirm-ok")  # empty asks first
             page.wait_for_selector("dialog#login[open]")
             out["dialog_title"] = page.inner_text("#login-title")
             page.fill("#login-token", args.token + "-wrong")

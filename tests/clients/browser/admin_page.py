@@ -11,8 +11,11 @@ own refresh to show the new depth and the group's rate chart to draw it, clicks 
 row's pause button and waits until the page shows it paused, opens "peek ready" and
 records the messages shown, opens the peeked message whose line contains TEXT in the
 message view (its facts, headers, body as text, then as hex), then opens T's detail view
-(its groups, consumers and charts). Saves a screenshot of each view in DIR and prints one
-JSON line. The test decides whether that is right.
+(its groups, consumers and charts). Back on the overview: reads the node panel, filters
+the topics by OTHER's name and sorts them by messages held, asks to empty G and cancels,
+publishes a message to T from the page, empties G and deletes topic OTHER (each
+confirmed). Saves a screenshot of each view in DIR and prints one JSON line. The test
+decides whether that is right.
 """
 
 from __future__ import annotations
@@ -46,12 +49,84 @@ def fit(page: Page) -> dict[str, int]:
     return result
 
 
+def depth(page: Page, row: str) -> int:
+    return int(page.inner_text(f'{row} [data-field="depth"]'))
+
+
+def confirm(page: Page, button: str) -> dict[str, str]:
+    """Click `button`, read the question it asks; the caller answers it."""
+    page.click(button)
+    page.wait_for_selector("dialog#confirm[open]")
+    return {
+        "title": page.inner_text("#confirm-title"),
+        "text": page.inner_text("#confirm-text"),
+        "verb": page.inner_text("#confirm-ok"),
+    }
+
+
+def overview_actions(page: Page, args: argparse.Namespace, row: str, out: dict[str, Any]) -> None:
+    shots = args.screenshots
+    out["node"] = page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll("#node [data-node]")]
+            .map(n => [n.dataset.node, n.querySelector("b").textContent]))"""
+    )
+    page.locator("#node").screenshot(path=shots / "admin-page-node.png")
+    out["clients"] = page.evaluate(
+        """() => [...document.querySelectorAll("#client-table tr.client")].map(r =>
+            Object.fromEntries([...r.querySelectorAll("[data-field]")]
+                .map(c => [c.dataset.field, c.textContent])))"""
+    )
+    topics = "() => [...document.querySelectorAll('#rows tr.topic')].map(r => r.dataset.topic)"
+    page.fill("#filter", args.other)
+    out["filtered"] = page.evaluate(topics)
+    page.fill("#filter", "")
+    page.select_option("#sort", "held")
+    out["sorted_by_held"] = page.evaluate(topics)
+    page.select_option("#sort", "name")
+    out["topic_depth"] = page.inner_text(
+        f'tr.topic[data-topic="{args.topic}"] [data-topic-field="depth"]'
+    )
+    # empty asks first, naming what goes; cancel keeps everything
+    before = depth(page, row)
+    out["empty_question"] = confirm(page, f'{row} button[data-action="empty"]')
+    page.screenshot(path=shots / "admin-page-confirm.png")
+    page.click("#confirm-cancel")
+    page.wait_for_selector("dialog#confirm", state="hidden")
+    out["depth_after_cancel"] = depth(page, row)
+    out["depth_before"] = before
+    # publish from the page
+    page.click(f'tr.topic[data-topic="{args.topic}"] button[data-action="publish"]')
+    page.wait_for_selector("dialog#publish[open]")
+    page.fill("#publish-body", "typed in the page")
+    page.click("#publish-ok")
+    page.wait_for_function(
+        f"""() => Number(document.querySelector('{row} [data-field="depth"]').textContent)
+                 === {before + 1}"""
+    )
+    out["depth_after_publish"] = before + 1
+    # empty, confirmed
+    confirm(page, f'{row} button[data-action="empty"]')
+    page.click("#confirm-ok")
+    page.wait_for_function(
+        f"""() => document.querySelector('{row} [data-field="depth"]').textContent === "0" """
+    )
+    out["emptied"] = True
+    # delete a topic, confirmed
+    other = f'tr.topic[data-topic="{args.other}"]'
+    out["delete_question"] = confirm(page, f'{other} button[data-action="delete"]')
+    page.click("#confirm-ok")
+    page.wait_for_selector(other, state="detached")
+    out["deleted"] = True
+    out["fit_after_actions"] = fit(page)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("--message", required=True, help="text in the peeked message to open")
+    p.add_argument("--other", required=True, help="another topic: filtered for, then deleted")
     p.add_argument("--screenshots", required=True, type=Path)
     p.add_argument("--timeout", type=float, default=20.0)
     args = p.parse_args()
@@ -65,8 +140,16 @@ def main() -> int:
             page.set_default_timeout(args.timeout * 1000)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            console: list[str] = []
+            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
             page.goto(args.url)
             page.wait_for_selector(row)
+            # the first paint: the charts hold what the gateway sampled before the page
+            out["first_paint"] = page.eval_on_selector(
+                f"{row} svg.chart",
+                "s => ({points: Number(s.dataset.points), peak: Number(s.dataset.peak),"
+                " span: Number(s.dataset.span)})",
+            )
             out["title"] = page.title()
             out["topics"] = page.eval_on_selector_all(
                 "tr.topic", "rows => rows.map(r => r.dataset.topic)"
@@ -161,7 +244,9 @@ def main() -> int:
             page.click("a[data-back]")
             page.wait_for_selector(row)
             out["back_to_overview"] = True
+            overview_actions(page, args, row, out)
             out["page_errors"] = errors
+            out["console_errors"] = console
         finally:
             browser.close()
     sys.stdout.write(json.dumps(out) + "\n")
