@@ -23,6 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import weakref
+from collections.abc import Iterable
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import trio
@@ -35,10 +38,12 @@ if TYPE_CHECKING:
     from gateway.broker.broker import Broker
     from gateway.broker.group import Consumer, Group
     from gateway.broker.journal import SharedJournal
+    from gateway.broker.members import InFlight
     from gateway.broker.topic import Topic
     from gateway.model import Message
 
 log = logging.getLogger("gateway.broker")
+_PRIORITY = attrgetter("priority")
 
 CLAIM_LEASE = 60.0  # seconds, for consumers that name no timeout
 # The longest a claim lasts: a delivery with no deadline (a RocketMQ pull, in flight until
@@ -69,19 +74,34 @@ class SharedQueue(Queue):
         # the group's messages in the store, as the last refresh read them
         self.stored_ready = self.stored_delayed = self.stored_buried = 0
         self.stored_buried_head: Message | None = None
-        # claimed here and not yet delivered: id -> when its claim ends (broker clock)
-        self._leases: dict[int, float] = {}
+        # while a claim's messages are handed out (they are, at once, or go back): when
+        # that claim ends (broker clock); None otherwise
+        self._claim_ends: float | None = None
 
-    def leased(self, msgs: list[Message], until: float) -> None:
-        for m in msgs:
-            self._leases[m.id] = until
+    def hand_out(self, msgs: list[Message], ends: float) -> None:
+        """A claim's messages (in (priority, id) order) into the ready queue, one extend
+        per priority (a deque's extend in C), then dispatched to the consumers with room;
+        the claim ends at `ends`."""
+        group = self.group
+        for _, same in groupby(msgs, _PRIORITY):
+            group.ready.extend(list(same))
+        self._claim_ends = ends
+        try:
+            group.pump()
+        finally:
+            self._claim_ends = None
 
-    def covers(self, msg_id: int, deadline: float) -> bool:
-        """Whether the claim of `msg_id`, now delivered, already lasts until its delivery's
-        `deadline`, ending at most 2 x LEASE_SLACK after it: then the delivery needs no
-        write (Redis keeps the claim's end as the message's deadline)."""
-        until = self._leases.pop(msg_id, None)
-        return until is not None and until - 2 * LEASE_SLACK <= deadline <= until
+    def uncovered(self, entries: Iterable[InFlight]) -> list[InFlight]:
+        """The deliveries among `entries` whose claim does not already last until their
+        deadline, ending at most 2 x LEASE_SLACK after it: the others need no write (Redis
+        keeps the claim's end as the message's deadline). A claimed message is delivered
+        in the claimer's own dispatch, or given back, so only a delivery made during that
+        dispatch (`_claim_ends` set) can be covered."""
+        ends = self._claim_ends
+        if ends is None:
+            return list(entries)
+        starts = ends - 2 * LEASE_SLACK
+        return [e for e in entries if not starts <= e.deadline <= ends]
 
     def admit(self, messages: list[Message]) -> None:
         # recorded in the store, which every gateway claims from
@@ -119,7 +139,6 @@ class SharedQueue(Queue):
     def give_back(self, msgs: list[Message]) -> None:
         """Claimed messages not delivered: ready in the store again, for any gateway."""
         for m in msgs:
-            self._leases.pop(m.id, None)
             self.journal.changed(self.group, m, expect="f")
 
     async def kick(self, bound: int) -> int:
@@ -271,10 +290,7 @@ class Claims:
         if group.deleted:
             queue.give_back(msgs)
             return
-        queue.leased(msgs, start + lease)
-        for m in msgs:
-            group.ready.push(m)
-        group.pump()
+        queue.hand_out(msgs, start + lease)
         if group.ready:
             # The room went while the claim was on the wire (RDY lowered, a reserve
             # timed out): what no consumer took goes back to Redis now. Kept here, it

@@ -337,16 +337,17 @@ class _ClaimRecorder(Recorder):
         self._finished(message)
 
     def _delivered(self, entry: InFlight) -> None:
-        queue = self._of.queue
-        assert isinstance(queue, SharedQueue)
-        if queue.covers(entry.message.id, entry.deadline):
-            return  # its claim already lasts that long: nothing to write
-        self._owed.count += 1
-        self._store.claimed(self._topic, self._group, entry.message, lease_until(entry.deadline))
+        self._delivered_all((entry,))
 
     def _delivered_all(self, entries: Iterable[InFlight]) -> None:
-        for entry in entries:
-            self._delivered(entry)
+        queue = self._of.queue
+        assert isinstance(queue, SharedQueue)
+        # a delivery whose claim already lasts that long writes nothing
+        for entry in queue.uncovered(entries):
+            self._owed.count += 1
+            self._store.claimed(
+                self._topic, self._group, entry.message, lease_until(entry.deadline)
+            )
 
     def touched(self, message: Message, deadline: float) -> None:
         self._owed.count += 1

@@ -97,7 +97,25 @@ class _Recorder(GroupRecorder):
         self._key = topic_key(topic)
 
     def finished(self, message: Message) -> None:
-        self.store.remove_one(self._key, self.group, message.id)
+        # RedisStore.remove_one, inline: this runs for every message a consumer finishes
+        store = self.store
+        pending = store._pending
+        if pending:
+            fn, key, args = pending[-1]
+            if (
+                fn == "gw_remove"
+                and key == self._key
+                and args[0] == self.group
+                and not args[1]
+                and len(args) < _MERGE_MAX
+            ):
+                args.append(message.id)
+                store._recorded += 1
+                if not store._woken:
+                    store._woken = True
+                    store._wake.set()
+                return
+        store.remove_one(self._key, self.group, message.id)
 
 
 def _on_wire(op: _Op) -> _Op:
@@ -149,6 +167,7 @@ class RedisStore(SharedStore):
         # pipelines on the wire, several at once where one connection keeps them in order
         self._flights = Flights(PIPELINES_IN_FLIGHT if self.link.overlaps else 1)
         self._wake = trio.Event()
+        self._woken = False  # _wake set since the commit loop took it (for the hot path)
         self._block = (1, 0)  # next id, last id of the current block
         self._next_block: tuple[int, int] | None = None
         self._block_wanted = trio.Event()
@@ -511,6 +530,7 @@ class RedisStore(SharedStore):
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            self._woken = False
             await trio.sleep(_COMMIT_DELAY)
             while self._pending:
                 try:
