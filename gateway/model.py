@@ -116,6 +116,45 @@ class Message:
             m.job_stats().delay = self.stats.delay
         return m
 
+    @staticmethod
+    def run(
+        first_id: int,
+        topic: str,
+        bodies: Iterable[bytes],
+        timestamp: int,
+        headers: list[tuple[str, str]] | None,
+        attempts: int,
+        priority: int,
+        ttr: float,
+        reply_to: str | None,
+        origin: str,
+        header_block: bytes | None,
+    ) -> list[Message]:
+        """Messages of consecutive ids from `first_id`, one per body, every other field
+        the same (a stored publish read back, as a shared store's claim does for every
+        message it takes). The slots are filled here, without a call per message: a
+        fifth less time than `Message(...)` in that loop."""
+        out = []
+        append = out.append
+        new = Message.__new__
+        for msg_id, body in enumerate(bodies, first_id):
+            m = new(Message)
+            m.id = msg_id
+            m.topic = topic
+            m.body = body
+            m.timestamp = timestamp
+            m.headers = list(headers) if headers is not None else None
+            m.attempts = attempts
+            m.priority = priority
+            m.deliver_at = 0.0
+            m.ttr = ttr
+            m.reply_to = reply_to
+            m.origin = origin
+            m.stats = None
+            m.header_block = header_block
+            append(m)
+        return out
+
     def __repr__(self) -> str:
         return (
             f"Message(id={self.id}, topic={self.topic!r}, body={self.body[:32]!r}, "

@@ -8,7 +8,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from operator import attrgetter, countOf
 
 from gateway.model import Message, Publish
@@ -181,26 +181,19 @@ def unpack_runs(
         offsets = array("I", blob[start:base])
         if sys.byteorder != "little":
             offsets.byteswap()
-        k0 = first - batch
-        ends = offsets[k0 + 1 : last - batch + 2]
-        at = base + offsets[k0]
-        for msg_id, end in zip(range(first, last + 1), ends, strict=True):
-            end += base
-            m = Message(
-                msg_id,
-                topic,
-                blob[at:end],
-                ts,  # type: ignore[arg-type]
-                list(headers) if headers is not None else None,  # type: ignore[call-overload]
-                attempts,
-                prio,
-                0.0,
-                ttr,  # type: ignore[arg-type]
-                reply_to,  # type: ignore[arg-type]
-                origin,  # type: ignore[arg-type]
-            )
-            if hb is not None:
-                m.header_block = hb  # type: ignore[assignment]
-            out.append(m)
-            at = end
+        bounds = [o + base for o in offsets[first - batch : last - batch + 2]]
+        bodies = [blob[a:b] for a, b in pairwise(bounds)]
+        out += Message.run(
+            first,
+            topic,
+            bodies,
+            ts,  # type: ignore[arg-type]
+            headers,  # type: ignore[arg-type]
+            attempts,
+            prio,
+            ttr,  # type: ignore[arg-type]
+            reply_to,  # type: ignore[arg-type]
+            origin,  # type: ignore[arg-type]
+            hb,  # type: ignore[arg-type]
+        )
     return out
