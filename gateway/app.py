@@ -49,6 +49,7 @@ class Gateway:
     # the gateway starts to stop
     serving: bool = False
     stopping: bool = False
+    opened: bool = False  # the store is open and the broker has its queues
     # for the start-up lines: the file the settings came from (None: flags and
     # environment only); and whether the HTTP listeners log every request
     config_file: str | None = None
@@ -66,11 +67,17 @@ class Gateway:
             return "store-failing"
         return "draining" if self.beanstalk.draining else "serving"
 
+    @property
+    def waiting_for(self) -> str | None:
+        """While the store opens: why it has not yet (a Redis not reachable), if known."""
+        if self.opened or self.store is None:
+            return None
+        return self.store.opening_problem()
+
     def __post_init__(self) -> None:
         s = self.settings
         if self.store is None:
-            wait = s.store_wait if s.store_wait is not None else float("inf")
-            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync, wait=wait)
+            self.store = open_store(s.store, s.data_dir, fsync=s.storage.fsync, wait=s.store_wait)
         shared = Certificates(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
         self.tls = ListenerContexts(s.tls_settings, shared)
         self.archive = self._archive()
@@ -144,21 +151,29 @@ class Gateway:
     async def serve(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Open the store, bind every listener, report where, then serve until cancelled."""
+        """Bind the HTTP listeners, open the store, bind every other listener, report
+        where, then serve until cancelled. /health and /ready answer while the store
+        opens: a Redis not reachable yet keeps /ready at 503 with the reason, and the
+        other HTTP calls answer 503 until the broker has its queues."""
         self._log_start()
-        await self.broker.open()
-        self._log_recovered()
         try:
-            if self.archive is not None:
-                self.archive.start()
             async with trio.open_nursery() as nursery:
+                for listener in self.listeners:
+                    if isinstance(listener, HTTPListener):
+                        await self._listen(nursery, listener)
+                await self.broker.open()
+                self.opened = True
+                self._log_recovered()
+                if self.archive is not None:
+                    self.archive.start()
                 await nursery.start(self.broker.run)
                 await nursery.start(self.history.run)
                 for service in self.services:
                     if service.before is not None:
                         service.before()
                 for listener in self.listeners:
-                    await self._listen(nursery, listener)
+                    if not isinstance(listener, HTTPListener):
+                        await self._listen(nursery, listener)
                 for service in self.services:
                     if service.after is not None:
                         await nursery.start(service.after)
@@ -172,9 +187,10 @@ class Gateway:
             self.stopping = True
             with trio.CancelScope(shield=True):
                 try:
-                    await self.broker.close()
+                    if self.opened:
+                        await self.broker.close()
                 finally:
-                    if self.archive is not None:
+                    if self.archive is not None and self.opened:
                         # after the broker: the last events are in the buffer
                         await trio.to_thread.run_sync(self.archive.close)
 

@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         "--store-wait",
         metavar="SECONDS",
         type=float,
-        help="how long to keep trying to reach a Redis store at start (0: give up at "
-        "once and exit 1; default: keep trying)",
+        help="how long to keep trying to reach a Redis store at start, then exit 1 "
+        "(0: at once; default: 60)",
     )
     for name in _LISTENER_FLAGS:
         serve.add_argument(

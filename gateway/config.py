@@ -222,8 +222,9 @@ class Settings(_Section):
     config: str | None = None
     data_dir: str = "./data"
     store: str | None = None
-    # seconds to keep trying to reach a Redis store at start; None: for ever
-    store_wait: float | None = Field(None, ge=0)
+    # seconds to keep trying to reach a Redis store at start (then exit 1, for the
+    # orchestrator to restart it); /health answers meanwhile and /ready says why not
+    store_wait: float = Field(60.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nsq: str = "127.0.0.1:4150"
     # plain HTTP whatever certificate is configured, as nsqd's --http-address

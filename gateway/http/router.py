@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +186,15 @@ class Router:
         self.routes: dict[str, dict[str, Handler]] = {}
         # "/config/" -> the handlers of /config/<name> (httprouter's "/config/:opt")
         self.param_routes: dict[str, dict[str, Handler]] = {}
+        # until `ready()` is true only these paths are served; the others answer 503
+        self._ready: Callable[[], bool] = lambda: True
+        self._early: frozenset[str] = frozenset()
+
+    def hold(self, ready: Callable[[], bool], early: Iterable[str]) -> None:
+        """Serve only the `early` paths (probes, metrics) until `ready()`: the HTTP
+        listener is up while the store opens, the broker's queues are not."""
+        self._ready = ready
+        self._early = frozenset(early)
 
     def add(self, path: str, handler: Handler, *methods: str) -> None:
         table = self.routes.setdefault(path, {})
@@ -250,6 +259,8 @@ class Router:
 
     async def _dispatch(self, request: Request) -> Response:
         method, path = request.method, request.path
+        if path not in self._early and not self._ready():
+            return self._error(503, "STARTING", request)
         table = self._lookup(path)
         if table is not None and method in table:
             return await self._call(table[method], request)

@@ -61,6 +61,7 @@ def build_router(gateway: Gateway) -> Router:
     prometheus.register(router, gateway)
     admin.register(router, gateway)
     auth.protect(router, gateway.settings.http_settings)
+    router.hold(lambda: gateway.opened, ("/health", "/ready", "/ping", "/metrics"))
     return router
 
 

@@ -182,6 +182,11 @@ class Store(abc.ABC):
         add_group)."""
         return GroupRecorder(self, topic, group)
 
+    def opening_problem(self) -> str | None:
+        """While `open()` runs: what keeps it from returning yet (a server it cannot
+        reach and keeps trying), for /ready; None when nothing is known."""
+        return None
+
     @abc.abstractmethod
     def add_topic(self, topic: str) -> None: ...
 

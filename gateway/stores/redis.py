@@ -368,6 +368,9 @@ class RedisStore(SharedStore):
     def recorder(self, topic: str, group: str) -> GroupRecorder:
         return _Recorder(self, topic, group)
 
+    def opening_problem(self) -> str | None:
+        return self.link.problem
+
     def remove_one(self, key: str, group: str, msg_id: int) -> None:
         """`remove` of one message (a FIN) by the group's recorder, `key` its topic's: added
         to the remove recorded last when that is the same group's, as `_record` merges."""

@@ -35,6 +35,8 @@ class RedisLink:
         self.wait = wait  # seconds to keep trying at start (--store-wait); inf: for ever
         self.client: Any = None
         self.up = False
+        # why connect() has not succeeded yet (the last attempt's error), for /ready
+        self.problem: str | None = None
         self._closed = trio.Event()
         self._done = trio.Event()
         self._started = False
@@ -69,18 +71,27 @@ class RedisLink:
             raise StoreError(f"{self.where}: {failure[0]}")
         deadline = trio.current_time() + self.wait
         backoff = _BACKOFF_MIN
+        attempts = 0
         while True:
             try:
                 await self.load_library()
                 self.up = True
+                self.problem = None
                 return
             except Exception as exc:
                 left = deadline - trio.current_time()
                 if left <= 0:
                     await self.close()
                     raise StoreError(f"{self.where}: cannot connect: {_what(exc)}") from None
-                log.error(
-                    "%s: cannot connect: %s; retrying in %.2g s", self.where, _what(exc), backoff
+                attempts += 1
+                self.problem = f"{self.where}: cannot connect: {_root(exc)}"
+                # one short line per attempt: the root cause, not the client's wrappers
+                log.warning(
+                    "%s (attempt %d); next in %.2g s, giving up in %.0f s",
+                    self.problem,
+                    attempts,
+                    min(backoff, left),
+                    left,
                 )
                 await trio.sleep(min(backoff, left))
                 backoff = min(backoff * 2, _BACKOFF_MAX)
@@ -236,6 +247,18 @@ _PLAIN = frozenset({"publish", "hset", "hsetnx", "hdel", "hget", "hmget", "hgeta
 
 def _text(name: bytes | str) -> str:
     return name.decode() if isinstance(name, bytes) else name
+
+
+def _root(exc: BaseException) -> str:
+    """The innermost cause of a failed connection, in a few words ("Connection refused",
+    "Name or service not known"), without the client library's wrappers around it."""
+    seen: BaseException = exc
+    while (nxt := seen.__cause__ or seen.__context__) is not None:
+        seen = nxt
+    if isinstance(seen, OSError) and seen.strerror:
+        return seen.strerror
+    text = (str(seen) or type(seen).__name__).splitlines()[0]
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _what(exc: BaseException) -> str:

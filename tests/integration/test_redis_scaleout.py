@@ -309,8 +309,8 @@ async def test_redis_unreachable_at_start_is_one_line_and_exit_1(tmp_path: Path)
 
 
 async def test_sigterm_while_waiting_for_redis_at_start_stops_at_once(tmp_path: Path) -> None:
-    """Without --store-wait the gateway waits for Redis without end; a SIGTERM meanwhile
-    (an orchestrator giving up on the pod) must stop it, exit 0, not wait for the kill."""
+    """While the gateway waits for Redis (60 s by default), a SIGTERM (an orchestrator
+    giving up on the pod) must stop it, exit 0, not wait for the kill."""
     from tests.redis_server import free_port
 
     argv = [
@@ -339,6 +339,62 @@ async def test_sigterm_while_waiting_for_redis_at_start_stops_at_once(tmp_path: 
             proc.kill()
             await proc.wait()
         await proc.stderr.aclose()
+
+
+async def test_waiting_for_redis_at_start_health_is_up_and_ready_says_why(
+    tmp_path: Path,
+) -> None:
+    """Redis not reachable yet: the HTTP listener is up at once, /health says alive,
+    /ready 503 names the cause, other calls answer 503, each retry is one short line, and
+    the NSQ listener waits for the queues. Redis comes up: the gateway is ready."""
+    server = RedisServer(tmp_path / "redis")  # not started yet: its port refuses
+    argv = [sys.executable, "-m", "gateway", "serve", "--store", server.url]
+    argv += ["--data-dir", str(tmp_path / "gw"), "--nsq", "127.0.0.1:0", "--http", "127.0.0.1:0"]
+    for listener in ("beanstalk", "nats", "nats-route", "rocketmq"):
+        argv += [f"--{listener}", "off"]
+    proc = await trio.lowlevel.open_process(argv, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stderr is not None
+    log = b""
+
+    async def read_until(marker: bytes) -> None:
+        nonlocal log
+        while marker not in log:
+            chunk = await proc.stderr.receive_some(4096)  # type: ignore[union-attr]
+            assert chunk, log.decode()
+            log += chunk
+
+    try:
+        with trio.fail_after(30):
+            await read_until(b"(attempt 2)")
+            http = log.split(b"listening protocol=http address=")[1].split()[0].decode()
+            assert b"protocol=nsq" not in log  # no queues yet: no NSQ clients either
+            retries = [line for line in log.decode().splitlines() if "cannot connect" in line]
+            assert all(len(line) < 200 for line in retries), retries
+            assert "Connection refused (attempt 1); next in" in retries[0], retries
+            async with httpx.AsyncClient(base_url=f"http://{http}") as client:
+                health = await client.get("/health")
+                assert (health.status_code, health.text) == (200, "OK - starting")
+                ready = await client.get("/ready")
+                assert ready.status_code == 503
+                assert ready.text.startswith(
+                    f"NOT READY - starting: Redis at 127.0.0.1:{server.port}: cannot connect: "
+                ), ready.text
+                assert ready.text.endswith("Connection refused"), ready.text
+                stats = await client.get("/stats", params={"format": "json"})
+                assert stats.status_code == 503 and "STARTING" in stats.text
+                server.start()
+                await read_until(b"listening protocol=nsq")
+                await read_until(b"ready: ")
+                assert (await client.get("/ready")).text == "OK"
+                assert (await client.get("/stats")).status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            await proc.wait()
+        await proc.stderr.aclose()
+        server.stop()
 
 
 async def test_redis_killed_and_restarted_loses_nothing_acknowledged(tmp_path: Path) -> None:
