@@ -151,16 +151,22 @@ class Gateway:
     async def serve(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Bind the HTTP listeners, open the store, bind every other listener, report
-        where, then serve until cancelled. /health and /ready answer while the store
-        opens: a Redis not reachable yet keeps /ready at 503 with the reason, and the
-        other HTTP calls answer 503 until the broker has its queues."""
+        """Open the store, bind every listener, report where, then serve until
+        cancelled. A store that must reach a server (Redis) opens after the HTTP
+        listeners: /health and /ready answer meanwhile (a Redis not reachable yet keeps
+        /ready at 503 with the reason), the other HTTP calls 503 until the broker has its
+        queues."""
         self._log_start()
+        assert self.store is not None
+        early = [
+            listener
+            for listener in self.listeners
+            if isinstance(listener, HTTPListener) and self.store.connects
+        ]
         try:
             async with trio.open_nursery() as nursery:
-                for listener in self.listeners:
-                    if isinstance(listener, HTTPListener):
-                        await self._listen(nursery, listener)
+                for listener in early:
+                    await self._listen(nursery, listener)
                 await self.broker.open()
                 self.opened = True
                 self._log_recovered()
@@ -172,7 +178,7 @@ class Gateway:
                     if service.before is not None:
                         service.before()
                 for listener in self.listeners:
-                    if not isinstance(listener, HTTPListener):
+                    if listener not in early:
                         await self._listen(nursery, listener)
                 for service in self.services:
                     if service.after is not None:

@@ -1,8 +1,9 @@
 """The admin page at `/`: every topic and group, whichever protocol fills or drains it.
 
-The page (admin_page.html, one file with its script) polls `/admin/api/state` and draws
-the table, a topic's detail and the rate charts itself, computing rates from the counters
-of successive polls; its buttons call the action endpoints below. Everything here reads
+The page (admin_page.html, its script admin_page.js served at /admin/page.js) polls
+`/admin/api/state` and draws the table, a topic's detail and the rate charts itself,
+starting them from the gateway's history and computing rates from the counters of
+successive polls; its buttons call the action endpoints below. Everything here reads
 the queues through the broker's query API: a beanstalkd tube, an NSQ channel and a topic
 fed over a NATS route look the same.
 
@@ -46,8 +47,8 @@ _PEEK_MAX = 100
 _BODY_MAX = 64 * 1024
 
 
-def _page() -> bytes:
-    return resources.files("gateway.http").joinpath("admin_page.html").read_bytes()
+def _asset(name: str) -> bytes:
+    return resources.files("gateway.http").joinpath(name).read_bytes()
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -292,10 +293,16 @@ async def _find(gateway: Gateway, request: Request) -> tuple[Topic, Group | None
 
 
 def register(router: Router, gateway: Gateway) -> None:
-    page = _page()
+    page = _asset("admin_page.html")
+    script = _asset("admin_page.js")
 
     async def index(request: Request) -> Response:
         return Response(200, page, "text/html; charset=utf-8", [("cache-control", "no-store")])
+
+    async def page_script(request: Request) -> Response:
+        return Response(
+            200, script, "text/javascript; charset=utf-8", [("cache-control", "no-store")]
+        )
 
     async def get_state(request: Request) -> Response:
         return _json(state(gateway))
@@ -392,6 +399,7 @@ def register(router: Router, gateway: Gateway) -> None:
         return handler
 
     router.add("/", index, "GET", "HEAD")
+    router.add("/admin/page.js", page_script, "GET", "HEAD")
     router.add("/admin/api/state", get_state, "GET")
     router.add("/admin/api/peek", peek, "GET")
     router.add("/admin/api/message", message, "GET")

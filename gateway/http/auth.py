@@ -22,8 +22,8 @@ import hmac
 from gateway.config import HTTPSettings
 from gateway.http.router import Handler, Request, Response, Router, v1_error
 
-# Probes and the page shell: never behind the token.
-OPEN_READS = frozenset({"/ping", "/health", "/ready", "/"})
+# Probes and the page shell (its HTML and script): never behind the token.
+OPEN_READS = frozenset({"/ping", "/health", "/ready", "/", "/admin/page.js"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CHALLENGE = ("www-authenticate", 'Bearer realm="gateway"')
 

@@ -2,10 +2,12 @@
 
 /health: 200 `OK` once the broker runs and every listener is bound, and while draining (a
 draining gateway is alive and must not be restarted); while it starts, 200 `OK - starting`
-(it is alive: opening its store, or retrying a Redis it cannot reach yet, for
---store-wait seconds). /ready: 200 `OK` only while the gateway takes new work; 503 while
-it starts (with the reason when a store keeps it waiting), while beanstalkd drain mode
-(SIGUSR1) is on, and while it stops, so an orchestrator sends traffic elsewhere.
+(it is alive: with a Redis store the HTTP listeners answer before the store is open,
+while the gateway retries a Redis it cannot reach yet, for --store-wait seconds).
+
+/ready: 200 `OK` only while the gateway takes new work; 503 while it starts (with the
+reason when a store keeps it waiting), while beanstalkd drain mode (SIGUSR1) is on, and
+while it stops, so an orchestrator sends traffic elsewhere.
 """
 
 from __future__ import annotations

@@ -127,6 +127,11 @@ class Store(abc.ABC):
     shares: bool = False
     # True when the store hands out message ids (`take_ids`), unique across gateways
     allocates_ids: ClassVar[bool] = False
+    # True when opening it means reaching a server, which may take a while (it is
+    # retried for --store-wait seconds): the HTTP listeners answer probes meanwhile. A
+    # local store opens first, so that a data dir it refuses ends the start before any
+    # listener binds.
+    connects: ClassVar[bool] = False
     # True when nothing recorded could ever be read back (memory:// in a gateway: the
     # process is all it has): topics and groups then record their messages nowhere
     forgets: bool = False

@@ -147,6 +147,7 @@ def _ms(seconds: float) -> int:
 
 
 class RedisStore(SharedStore):
+    connects = True
     durable = True
     pages = True
     allocates_ids = True

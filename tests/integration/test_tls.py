@@ -267,9 +267,11 @@ async def test_beanstalkd_on_its_tls_port(pki: dict[str, str]) -> None:
             while chunk := await wrong.receive_some(4096):
                 answer += chunk
         assert b"OK" not in answer  # no beanstalkd reply in the clear, then the close
-    with pytest.raises(ValidationError, match="beanstalk_tls needs a certificate"):
+    with pytest.raises(ValidationError, match="needs a certificate") as refused:
         async with running_gateway(beanstalk_tls="127.0.0.1:0"):
             pass
+    # the setting it is about, for the line that names its source
+    assert refused.value.errors()[0]["ctx"] == {"setting": "beanstalk_tls"}
 
 
 async def test_a_listener_with_its_own_certificate(pki: dict[str, str], tmp_path: Path) -> None:

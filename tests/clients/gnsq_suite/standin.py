@@ -146,7 +146,17 @@ class _StderrWriter:
         self._stream = stream
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        # The thread starts with SIGTERM and SIGINT blocked, so that the kernel delivers
+        # them to the main thread: there they interrupt its read of the gateway's stderr
+        # and the handler passes them on. Delivered to this thread instead, the handler
+        # would wait for the main thread's read to return, that is for the gateway's next
+        # log line, which an idle gateway never writes (gnsq's shutdown then hangs).
+        forwarded = {signal.SIGTERM, signal.SIGINT}
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
+        try:
+            self._thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _run(self) -> None:
         while (chunk := self._queue.get()) is not None:
