@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,99 +28,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Address, Watchdog, format_table, si
 from nsq import FRAME_ERROR, NSQConn, fin_lines, scan_frames
-from scaleout import (
-    CPU,
-    REDIS_CLI,
-    REDIS_SERVER,
-    command_usec,
-    mpub_all,
-    start_gateway,
-    start_redis,
-    subscriber,
-)
+from scaleout import CPU, command_usec, mpub_all, start_gateway, start_redis, subscriber
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_cluster(
-    directory: Path, masters: int = 3
-) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
-    """Three masters on loopback, no persistence, joined by `redis-cli --cluster create`."""
-    procs, ports = [], []
-    for i in range(masters):
-        port, bus = free_port(), free_port()
-        node = directory / f"node{i}"
-        node.mkdir(parents=True)
-        procs.append(
-            subprocess.Popen(
-                [
-                    REDIS_SERVER,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(node),
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    str(bus),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        ports.append(port)
-    for port in ports:
-        deadline = time.monotonic() + 10
-        while _cli(port, "PING") != "PONG":
-            if time.monotonic() > deadline:
-                raise RuntimeError("a cluster node did not start")
-            time.sleep(0.05)
-    created = subprocess.run(
-        [
-            REDIS_CLI,
-            "--cluster",
-            "create",
-            *(f"127.0.0.1:{p}" for p in ports),
-            "--cluster-replicas",
-            "0",
-            "--cluster-yes",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if created.returncode != 0:
-        raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
-    deadline = time.monotonic() + 20
-    while not all("cluster_state:ok" in _cli(p, "CLUSTER", "INFO") for p in ports):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the cluster did not reach cluster_state:ok")
-        time.sleep(0.05)
-    return procs, ports
-
-
-def _cli(port: int, *args: str) -> str:
-    done = subprocess.run([REDIS_CLI, "-p", str(port), *args], capture_output=True, text=True)
-    return done.stdout.strip()
+from tests.redis_server import RedisCluster  # the suite's three masters on loopback
 
 
 def consume(addr: Address, topic: str, total: Any, n: int, start: Any, timeout: float) -> None:
-    """One consumer process: SUB, wait for the start, then FIN every message until the
-    channel's consumers together have `n` (`total`, shared with the channel's others)."""
+    """One consumer process: SUB, wait at `start` (a barrier every consumer and the timer
+    pass), then FIN every message until the channel's consumers together have `n`
+    (`total`, shared with the channel's others)."""
     with Watchdog(timeout) as wd:
         sub = subscriber(addr, wd, topic)
         start.wait()
@@ -158,7 +75,7 @@ def run(
     all of them. Returns msgs/s over all topics, CPU shares, Redis µs/msg by command."""
     topics = list(dict.fromkeys(t for _, _, t in plan))
     ctx = mp.get_context("fork")
-    start = ctx.Event()
+    start = ctx.Barrier(len(plan) + 1)  # every consumer subscribed, and the timer
     totals = {t: ctx.Value("q", 0) for t in topics}
     procs = [
         ctx.Process(target=consume, args=(con, t, totals[t], n, start, timeout))
@@ -172,11 +89,10 @@ def run(
             conn = NSQConn(pub, wd)
             mpub_all(conn, t, n)
             conn.close()
-    time.sleep(0.5)  # every consumer subscribed (a bench, not a test)
     before = [command_usec(p) for p in ports]
     cpu.start()
     t0 = time.perf_counter()
-    start.set()
+    start.wait()
     for p in procs:
         p.join(timeout)
     wall = time.perf_counter() - t0
@@ -202,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         single, port = start_redis(tmp)
-        cluster, cports = start_cluster(tmp / "cluster")
+        cluster = RedisCluster(tmp / "cluster").start()
+        cports = [node.port for node in cluster.nodes]
+        cpids = [node.proc.pid for node in cluster.nodes if node.proc is not None]
         url = f"redis://127.0.0.1:{port}/0"
         curl = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in cports)
         setups: list[tuple[str, str, str, list[int], list[int]]] = [
             ("shared", "one master", url, [port], [single.pid]),
             ("topics", "one master", url, [port], [single.pid]),
-            ("topics", "cluster x3", curl, cports, [p.pid for p in cluster]),
+            ("topics", "cluster x3", curl, cports, cpids),
         ]
         try:
             for r in range(args.repeat):
@@ -250,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print("  ".join(rows[-1]), flush=True)
         finally:
-            for p in [single, *cluster]:
-                p.kill()
-                p.wait()
+            single.kill()
+            single.wait()
+            cluster.stop()
     heading = [
         "workload",
         "redis",
