@@ -158,11 +158,11 @@ class Gateway:
         queues."""
         self._log_start()
         assert self.store is not None
-        early = [
-            listener
-            for listener in self.listeners
-            if isinstance(listener, HTTPListener) and self.store.connects
-        ]
+        early = (
+            [listener for listener in self.listeners if isinstance(listener, HTTPListener)]
+            if self.store.connects
+            else []
+        )
         try:
             async with trio.open_nursery() as nursery:
                 for listener in early:

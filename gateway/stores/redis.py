@@ -97,7 +97,8 @@ class _Recorder(GroupRecorder):
         self._key = topic_key(topic)
 
     def finished(self, message: Message) -> None:
-        # RedisStore.remove_one, inline: this runs for every message a consumer finishes
+        # `_record_at`'s merge, inline for the one case that runs for every message a
+        # consumer finishes: its id added to the group's pending remove
         store = self.store
         pending = store._pending
         if pending:
@@ -115,7 +116,7 @@ class _Recorder(GroupRecorder):
                     store._woken = True
                     store._wake.set()
                 return
-        store.remove_one(self._key, self.group, message.id)
+        store._record_at("gw_remove", self._key, [self.group, "", message.id])
 
 
 def _on_wire(op: _Op) -> _Op:
@@ -263,7 +264,11 @@ class RedisStore(SharedStore):
     # -- recording -------------------------------------------------------------
 
     def _record(self, fn: str, topic: str, args: list[Any]) -> None:
-        p = topic_key(topic)
+        self._record_at(fn, topic_key(topic), args)
+
+    def _record_at(self, fn: str, p: str, args: list[Any]) -> None:
+        """Record one call on topic key `p`; removes, updates and touches of one group
+        merge with the call recorded just before when it is the same."""
         pending = self._pending
         if fn in _MERGED and pending:
             last_fn, last_p, last_args = pending[-1]
@@ -371,27 +376,6 @@ class RedisStore(SharedStore):
 
     def opening_problem(self) -> str | None:
         return self.link.problem
-
-    def remove_one(self, key: str, group: str, msg_id: int) -> None:
-        """`remove` of one message (a FIN) by the group's recorder, `key` its topic's: added
-        to the remove recorded last when that is the same group's, as `_record` merges."""
-        pending = self._pending
-        if pending:
-            fn, last_key, args = pending[-1]
-            if (
-                fn == "gw_remove"
-                and last_key == key
-                and args[0] == group
-                and not args[1]
-                and len(args) < _MERGE_MAX
-            ):
-                args.append(msg_id)
-                self._recorded += 1
-                self._wake.set()
-                return
-        pending.append(("gw_remove", key, [group, "", msg_id]))
-        self._recorded += 1
-        self._wake.set()
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         # ids as numbers: consecutive removes of a group merge into one call, whose ids

@@ -489,7 +489,7 @@ redis.register_function('gw_remove', function(keys, a)
     end
   end
   items = runs
-  local removed, finished, rest, ranged, cur = 0, 0, {}, {}, nil
+  local finished, rest, ranged, cur = 0, {}, {}, nil
   local ck = p .. 'c:' .. g
   for _, item in ipairs(items) do
     local id, last = item[1], item[2]
@@ -532,7 +532,7 @@ redis.register_function('gw_remove', function(keys, a)
     end
   end
   if finished > 0 then redis.call('HINCRBY', p .. 'held', g, -finished) end
-  removed = finished
+  local removed = finished
   if #rest > 0 then
     local r = p .. 'r:' .. g
     local svals = hmget(p .. 's:' .. g, rest)
