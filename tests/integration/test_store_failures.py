@@ -134,6 +134,10 @@ async def test_a_commit_that_fails_under_a_batch_acknowledges_none_of_it(tmp_pat
     async with sqlite_gateway(tmp_path) as gw:
         store, disk = disk_of(gw)
         bs = await RawBeanstalk.connect(gw)
+        # the session's `default` tube is written before the disk fills: a commit of it
+        # that failed there would refuse the puts up front (OUT_OF_MEMORY) instead
+        assert await bs.call(b"list-tube-used\r\n") == b"USING default\r\n"
+        await gw.broker.flush()
         disk.full = True
         await bs.send(b"put 0 0 60 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
         assert await bs.reply() == b"INTERNAL_ERROR\r\n"
