@@ -1,24 +1,28 @@
-"""The durable store's append-only log: what makes an acknowledgement durable.
+"""The durable store's append-only log: what makes an acknowledgement durable, and where
+queued bodies stay.
 
 The store encodes the records made since its last write into one frame and writes it to
-the log with one system call (`writev` of its header and payload) on the event loop, before
-the replies to what made them leave (docs/storage.md, "The write path"). A write to the
-page cache is a memory copy: killing the process loses nothing written. `fsync` is what
-survives a power cut, and it runs on a thread of its own (`Log.sync`), never on the event
-loop.
+the log with one system call (`writev`) on the event loop, before the replies to what made
+them leave (docs/storage.md, "The write path"). A write to the page cache is a memory
+copy: killing the process loses nothing written. `fsync` is what survives a power cut,
+and it runs on a thread of its own (`Log.sync`), never on the event loop.
 
 A frame is `u32 length, u32 CRC-32C of the payload, payload` (little-endian; CRC-32C as
-Kafka's and LevelDB's logs use it, computed by the CPU's instruction); the payload is
-the pickled list of the frame's records, tuples of ints, floats, strings and bytes only,
-read back by an unpickler that refuses anything else (`decode`), so a log can only ever
-yield data. The log is cut into segments, `<dir>/<number>.log`, numbered from 1; a
-position in the log is (segment, offset). A segment is closed at `SEGMENT_BYTES` and on
-every open, so that positions only grow: an index brought up to a position before a power
-cut can be ahead of what the log kept of the same segment, and the log then never writes
-at a position the index has already passed.
+Kafka's and LevelDB's logs use it, computed by the CPU's instruction). The payload is the
+pickled list of the frame's records, tuples of ints, floats, strings and bytes only, read
+back by an unpickler that refuses anything else (`decode`), so a log can only ever yield
+data. A record's bodies (a publish's, end to end) are not copied into the pickle: they
+are pickle's out-of-band buffers, written after it in the same frame, so that their place
+in the log is known and the index can point at them instead of holding a copy (bitcask's
+layout: the bodies stay where they were first written). Such a payload starts with
+`BODIES` and the buffers' lengths: `u8 BODIES, u32 count, u32 length each, u32 pickle
+length, pickle, buffers`; a payload without buffers is the pickle alone.
 
-Reading back (`replay`) stops a segment at its first frame that is short or fails its
-checksum (a write a crash or a power cut left torn), cuts the file there and says so.
+The log is cut into segments, `<dir>/<number>.log`, numbered from 1; a position in the
+log is (segment, offset). A segment is closed at `SEGMENT_BYTES` and on every open, so
+that positions only grow. Reading back (`replay`) stops a segment at its first frame that
+is short or fails its checksum (a write a crash or a power cut left torn), cuts the file
+there and says so. `Bodies` reads a body range back where it was written.
 """
 
 from __future__ import annotations
@@ -30,28 +34,53 @@ import os
 import pickle
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
 log = logging.getLogger("gateway.store")
 
 HEADER = struct.Struct("<II")  # payload length, CRC-32C of the payload
+BODIES = 0x01  # the first byte of a payload with out-of-band bodies (a pickle's is 0x80)
+_U32 = struct.Struct("<I")
 SEGMENT_BYTES = 16 * 1024 * 1024  # a segment is closed once it holds this much
 _SUFFIX = ".log"
 
 Position = tuple[int, int]  # (segment number, offset in it); (0, 0): before everything
 
 
-Frame = tuple[bytes, bytes]  # header, payload: written with one writev, not joined
+class Frame(NamedTuple):
+    parts: list[Any]  # written with one writev, not joined
+    starts: list[int]  # where in the frame each out-of-band body starts, in pickle's order
+    size: int
+
+
+_JOIN = 64  # more bodies than this in one frame are joined into one part (IOV_MAX: 1024)
 
 
 def encode(records: list[tuple[Any, ...]]) -> Frame:
-    """One frame holding `records`."""
-    payload = pickle.dumps(records, protocol=5)
-    return HEADER.pack(len(payload), crc32c(payload)), payload
+    """One frame holding `records` (a record's `pickle.PickleBuffer` is a body kept out of
+    the pickle, written after it)."""
+    buffers: list[pickle.PickleBuffer] = []
+    pickled = pickle.dumps(records, protocol=5, buffer_callback=buffers.append)
+    if not buffers:
+        head = HEADER.pack(len(pickled), crc32c(pickled))
+        return Frame([head, pickled], [], HEADER.size + len(pickled))
+    lengths = [memoryview(b).nbytes for b in buffers]
+    count = len(lengths)
+    prefix = struct.pack(f"<BI{count}II", BODIES, count, *lengths, len(pickled))
+    crc = crc32c(pickled, crc32c(prefix))
+    for b in buffers:
+        crc = crc32c(b, crc)
+    at = HEADER.size + len(prefix) + len(pickled)
+    starts = []
+    for n in lengths:
+        starts.append(at)
+        at += n
+    parts: list[Any] = buffers if count <= _JOIN else [b"".join(buffers)]
+    return Frame([HEADER.pack(at - HEADER.size, crc), prefix, pickled, *parts], starts, at)
 
 
 class _DataOnly(pickle.Unpickler):
@@ -62,11 +91,28 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a store log record names {module}.{name}")
 
 
-def decode(payload: bytes) -> list[tuple[Any, ...]]:
-    records = _DataOnly(io.BytesIO(payload)).load()
+def decode(payload: memoryview | bytes) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """A payload's records, and where in the payload each of its bodies starts (a body
+    comes back as a memoryview of `payload`)."""
+    view = memoryview(payload)
+    buffers: list[memoryview] = []
+    starts: list[int] = []
+    if view[:1] == bytes((BODIES,)):
+        (count,) = _U32.unpack_from(view, 1)
+        lengths = struct.unpack_from(f"<{count}II", view, 5)
+        pickle_at = 5 + 4 * count + 4
+        at = pickle_at + lengths[-1]
+        for n in lengths[:-1]:
+            starts.append(at)
+            buffers.append(view[at : at + n])
+            at += n
+        if at != len(view):
+            raise pickle.UnpicklingError("a store log frame's bodies do not fill it")
+        view = view[pickle_at : pickle_at + lengths[-1]]
+    records = _DataOnly(io.BytesIO(view), buffers=buffers).load()
     if not isinstance(records, list):
         raise pickle.UnpicklingError("a store log frame is not a list of records")
-    return records
+    return records, starts
 
 
 def segments(directory: Path) -> list[int]:
@@ -82,15 +128,18 @@ def segment_path(directory: Path, number: int) -> Path:
     return directory / f"{number:016d}{_SUFFIX}"
 
 
-def replay(directory: Path, after: Position) -> Iterator[tuple[Position, list[tuple[Any, ...]]]]:
-    """Every frame after `after`, with the position it ends at, in order. A segment ends at
-    its first torn or corrupt frame: the file is cut there (with a log line) and the next
-    segment is read, which a writer only ever starts after the last good frame."""
+def replay(
+    directory: Path, after: Position
+) -> Iterator[tuple[Position, list[tuple[Any, ...]], list[int]]]:
+    """Every frame after `after`, in order: the position it ends at, its records, and the
+    offsets in that segment where its bodies start. A segment ends at its first torn or
+    corrupt frame: the file is cut there (with a log line) and the next segment is read,
+    which a writer only ever starts after the last good frame."""
     for number in segments(directory):
         if number < after[0]:
             continue
         path = segment_path(directory, number)
-        data = path.read_bytes()
+        data = memoryview(path.read_bytes())
         offset = after[1] if number == after[0] else 0
         end = len(data)
         while offset < end:
@@ -102,12 +151,12 @@ def replay(directory: Path, after: Position) -> Iterator[tuple[Position, list[tu
             if len(payload) < length or crc32c(payload) != crc:
                 break
             try:
-                records = decode(payload)
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+                records, starts = decode(payload)
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, struct.error) as exc:
                 log.error("store log %s: frame at %d cannot be read: %s", path, offset, exc)
                 break
             offset = start + length
-            yield (number, offset), records
+            yield (number, offset), records, [start + at for at in starts]
         if offset < end:
             log.warning(
                 "store log %s: cut at %d, the last whole record: %d bytes after it were a"
@@ -121,6 +170,35 @@ def replay(directory: Path, after: Position) -> Iterator[tuple[Position, list[tu
                 os.fsync(f.fileno())
 
 
+class Bodies:
+    """Reads bodies back from the segments they were written to (the index's thread):
+    one descriptor per segment, kept open until the segment is deleted."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fds: dict[int, int] = {}
+
+    def read(self, segment: int, offset: int, size: int) -> bytes:
+        fd = self._fds.get(segment)
+        if fd is None:
+            fd = self._fds[segment] = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+        data = os.pread(fd, size, offset)
+        if len(data) < size:
+            raise OSError(f"store log segment {segment}: {size} bytes at {offset} are past its end")
+        return data
+
+    def forget(self, numbers: Iterable[int]) -> None:
+        """Close the descriptors of these segments (deleted)."""
+        for number in numbers:
+            fd = self._fds.pop(number, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close(self) -> None:
+        self.forget(list(self._fds))
+
+
 class Log:
     """The writing end. `write` runs on the event loop (one `writev` per frame); `sync`
     runs on a thread of the caller's (it fsyncs every segment written since the last sync
@@ -132,7 +210,6 @@ class Log:
         self.segment = first
         self.offset = 0
         self._fd = self._open(first)
-        self.oldest = min(segments(directory), default=first)  # the first segment on disk
         # segments written since their last fsync: their descriptors, closed by sync
         self._unsynced: list[int] = []
         self._lock = threading.Lock()
@@ -160,12 +237,12 @@ class Log:
             self._repair()
         if self.offset >= SEGMENT_BYTES:
             self._rotate()
-        size = len(frame[0]) + len(frame[1])
+        parts, size = frame.parts, frame.size
         written = 0
         try:
-            written = os.writev(self._fd, frame)
+            written = os.writev(self._fd, parts)
             if written < size:  # a short write: the rest, as often as it takes
-                rest = memoryview(b"".join(frame))
+                rest = memoryview(b"".join(parts))
                 while written < size:
                     written += os.write(self._fd, rest[written:])
         except OSError:
@@ -206,25 +283,29 @@ class Log:
         os.fsync(fd)
         return position
 
-    def retire(self, before: int) -> int:
-        """Delete the segments numbered below `before` (never the one being written);
-        how many went. Thread side."""
-        before = min(before, self.segment)
+    def on_disk(self) -> list[int]:
+        """The segments on disk before the one being written, ascending."""
+        return [n for n in segments(self.directory) if n < self.segment]
+
+    def delete(self, numbers: Iterable[int]) -> int:
+        """Delete these segments (never the one being written); how many went. Thread
+        side: a segment goes once the index holds its records and no queued body is in it."""
         gone = 0
-        for number in segments(self.directory):
-            if number >= before:
-                break
+        for number in numbers:
+            if number >= self.segment:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 segment_path(self.directory, number).unlink()
                 gone += 1
-        self.oldest = max(self.oldest, before)
         return gone
 
-    def remove(self) -> None:
-        """Delete every segment, once closed (what they held is all in the index)."""
+    def remove(self, keep: set[int]) -> None:
+        """Delete every segment but `keep`, once closed (the index holds every record;
+        queued bodies are in `keep`)."""
         for number in segments(self.directory):
-            with contextlib.suppress(FileNotFoundError):
-                segment_path(self.directory, number).unlink()
+            if number not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    segment_path(self.directory, number).unlink()
 
     def size(self) -> int:
         total = 0

@@ -46,8 +46,22 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
-from gateway.stores.log import Log, Position, encode, segments
-from gateway.stores.sqlite_open import TopicIds, connect, lock_data_dir, recover, replay_into
+from gateway.stores.log import (
+    Bodies,
+    Log,
+    Position,
+    encode,
+    segment_path,
+    segments,
+)
+from gateway.stores.sqlite_open import (
+    TopicIds,
+    Written,
+    connect,
+    lock_data_dir,
+    recover,
+    replay_into,
+)
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -66,6 +80,8 @@ _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 _APPLY_BYTES = 8 * 1024 * 1024
 _APPLY_RECORDS = 50_000
 _APPLY_AGE = 0.5
+# the log's size from which old segments mostly finished are compacted
+_COMPACT_FROM = 64 * 1024 * 1024
 
 
 class SQLiteStore(Store):
@@ -81,6 +97,7 @@ class SQLiteStore(Store):
         self._db: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._log: Log | None = None
+        self._bodies = Bodies(self.log_dir)  # the index thread's reads of queued bodies
         self._topics: dict[str, TopicIds] = {}
         self._next_tid = 1
         self._next_gid = 1
@@ -93,7 +110,7 @@ class SQLiteStore(Store):
         self._wake = trio.Event()  # set by the first record after a write
         # in the log, not yet in the index: the frames' records, their size, the position
         # the last one ends at, and when (Trio clock) the oldest was written
-        self._unapplied: list[list[tuple[Any, ...]]] = []
+        self._unapplied: list[Written] = []
         self._unapplied_bytes = 0
         self._unapplied_records = 0
         self._unapplied_pos: Position = (0, 0)
@@ -132,11 +149,9 @@ class SQLiteStore(Store):
             # only grow, even where a power cut left the log shorter than the index
             on_disk = segments(self.log_dir) if self.log_dir.is_dir() else []
             first = max([held[0], *on_disk]) + 1
-            if on_disk:
-                # the index holds every segment on disk: synced, they can go
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             self._log = Log(self.log_dir, first)
-            self._log.retire(first)
+            # the index holds every segment on disk: those no queued body is in can go
+            self._retire(db, first)
             self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
@@ -149,7 +164,7 @@ class SQLiteStore(Store):
         self._lock_fd = lock_data_dir(self.path)
 
     def _recover(self, db: sqlite3.Connection, window: int) -> StoredState:
-        found = recover(db, window)
+        found = recover(db, self._bodies, window)
         self._topics = found.topics
         self._next_tid, self._next_gid = found.next_tid, found.next_gid
         self._id_ceiling = found.state.last_id
@@ -362,8 +377,12 @@ class SQLiteStore(Store):
         self._written_pos = position
         if not self._unapplied:
             self._unapplied_since = trio.current_time()
-        self._unapplied.append(ops)
-        self._unapplied_bytes += len(frame[0]) + len(frame[1])
+        starts = frame.starts
+        if starts:  # where this frame's bodies are: the index points there
+            at = position[1] - frame.size
+            starts = [at + s for s in starts]
+        self._unapplied.append((ops, position[0], starts))
+        self._unapplied_bytes += frame.size
         self._unapplied_records += len(ops)
         self._unapplied_pos = position
         if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
@@ -489,6 +508,10 @@ class SQLiteStore(Store):
         self._unapplied_bytes = self._unapplied_records = 0
         self._applying = True
         try:
+            # the index points at bodies in the log: it may only hold what the log keeps
+            # through a power cut (under every policy; "never" only keeps the fsync off
+            # the acknowledgement path)
+            await self._synced_through(position)
             # not abandoned on cancel: an apply that started always finishes
             await self._worker.run(self._apply_sync, frames, position)
         except BaseException as exc:
@@ -498,6 +521,8 @@ class SQLiteStore(Store):
                 self._unapplied_records += records
                 if len(self._unapplied) == len(frames):
                     self._unapplied_since = trio.current_time()
+            if isinstance(exc, StoreError):  # the log's fsync failed: said already
+                return False
             if not isinstance(exc, sqlite3.Error | OSError):
                 raise
             self._stats.write_errors += 1
@@ -516,16 +541,17 @@ class SQLiteStore(Store):
             self._index_failed = None
         return True
 
-    def _apply_sync(self, frames: list[list[tuple[Any, ...]]], position: Position) -> None:
+    def _apply_sync(self, frames: list[Written], position: Position) -> None:
         """The index thread's side: one transaction with the frames' records and the log
-        position they end at; then the segments the index now holds go, once it is synced."""
+        position they end at; then the segments the index now holds go, once it is synced
+        (those no queued body is in), and an old segment mostly finished is compacted."""
         db = self._db
         assert db is not None
         if db.in_transaction:
             # a failed apply whose ROLLBACK failed too (an I/O error): its records are
             # kept and come again; without this, every BEGIN would fail for ever
             db.execute("ROLLBACK")
-        ops = frames[0] if len(frames) == 1 else [op for frame in frames for op in frame]
+        ops = [op for records, seg, starts in frames for op in sql.locate(records, seg, starts)]
         db.execute("BEGIN")
         try:
             delta = sql.apply(db, ops)
@@ -537,12 +563,47 @@ class SQLiteStore(Store):
                 db.execute("ROLLBACK")
             raise
         self._stats.messages_on_disk += delta
+        if self._log is not None:
+            self._retire(db, position[0])
+            self._compact(db)
+
+    def _retire(self, db: sqlite3.Connection, held: int) -> None:
+        """Delete the segments before `held` (the index holds their records) that no
+        queued body is in (index thread)."""
         log_ = self._log
-        if log_ is not None and position[0] > log_.oldest:
+        assert log_ is not None
+        pinned = {row[0] for row in db.execute(sql.PINNED)}
+        gone = [n for n in log_.on_disk() if n < held and n not in pinned]
+        if gone:
             # the index must keep what the deleted segments held through a power cut:
             # a checkpoint fsyncs its WAL, then its file
             db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            log_.retire(position[0])
+            log_.delete(gone)
+            self._bodies.forget(gone)
+
+    def _compact(self, db: sqlite3.Connection) -> None:
+        """While the log is large, move the bodies still queued in an old segment that is
+        mostly finished into the index, so that the segment can go: a few long-lived
+        messages (deferred, buried, a slow group) must not keep whole segments (bitcask's
+        merge; one segment per index update bounds the work)."""
+        log_ = self._log
+        assert log_ is not None
+        on_disk = log_.on_disk()
+        if len(on_disk) < 2 or log_.size() < _COMPACT_FROM:
+            return
+        live = dict(db.execute(sql.LIVE_BYTES, (log_.segment,)))
+        for number in on_disk:
+            size = live.get(number)
+            if size is None:
+                continue
+            with contextlib.suppress(OSError):
+                if 2 * size < segment_path(self.log_dir, number).stat().st_size:
+                    sql.compact(db, self._bodies, number)
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    log_.delete([number])
+                    self._bodies.forget([number])
+                    log.info("store log segment %d compacted: %d bytes moved", number, size)
+                    return
 
     def _maintain(self) -> bool:
         """Give finished messages' pages back to the file system, a bounded amount at a
@@ -585,7 +646,7 @@ class SQLiteStore(Store):
             return []
         db = self._db
         assert db is not None
-        return await self._worker.run(read.select_ready, db, topic, gid, after, limit)
+        return await self._worker.run(read.select_ready, db, self._bodies, topic, gid, after, limit)
 
     def stats(self) -> StoreStats:
         stats = self._stats
@@ -628,15 +689,19 @@ class SQLiteStore(Store):
     def _close_sync(self, indexed: bool) -> None:
         db, self._db = self._db, None
         log_, self._log = self._log, None
+        pinned: set[int] | None = None
         if db is not None:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                pinned = {row[0] for row in db.execute(sql.PINNED)}
             db.close()
+        self._bodies.close()
         if log_ is not None:
-            if indexed:
-                # the index holds everything, checkpointed: the log has nothing left
+            if indexed and pinned is not None:
+                # the index holds every record, checkpointed: what is left of the log is
+                # the segments queued bodies are in
                 log_.close()
-                log_.remove()
+                log_.remove(pinned)
             else:
                 with contextlib.suppress(OSError):
                     log_.sync()

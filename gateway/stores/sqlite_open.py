@@ -19,7 +19,10 @@ from typing import Any
 from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
-from gateway.stores.log import Position, replay
+from gateway.stores.log import Bodies, Position, replay
+
+# a frame written to the log: its records, its segment, where its bodies start in it
+Written = tuple[list[tuple[Any, ...]], int, list[int]]
 
 log = logging.getLogger("gateway.store")
 _REPLAY_RECORDS = 50_000  # records per transaction when a restart replays the log
@@ -91,7 +94,7 @@ def connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
     version = db.execute("PRAGMA user_version").fetchone()[0]
     tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    if tables and version not in (1, sql.VERSION):
+    if tables and version not in (1, 2, sql.VERSION):
         db.close()
         raise StoreError(
             f"store {path}: format {version} is not this gateway's"
@@ -100,7 +103,10 @@ def connect(path: Path) -> sqlite3.Connection:
     db.executescript(sql.SCHEMA)
     if tables and version == 1:
         db.executescript(sql.MIGRATE_1)
-        log.warning("store %s: converted from format 1 to %d", path, sql.VERSION)
+    if tables and version in (1, 2):
+        db.executescript(sql.MIGRATE_2)
+        log.warning("store %s: converted from format %d to %d", path, version, sql.VERSION)
+    db.executescript(sql.INDEXES)
     db.execute(f"PRAGMA user_version = {sql.VERSION}")
     return db
 
@@ -108,25 +114,26 @@ def connect(path: Path) -> sqlite3.Connection:
 def replay_into(
     db: sqlite3.Connection,
     log_dir: Path,
-    apply: Callable[[list[list[tuple[Any, ...]]], Position], None],
+    apply: Callable[[list[Written], Position], None],
 ) -> Position:
-    """Apply the log's records the index lacks (`apply`: records and the position they
+    """Apply the log's records the index lacks (`apply`: frames and the position they
     end at, one transaction); returns the position the index holds now."""
     rows = dict(db.execute(sql.GET_LOG_POSITION).fetchall())
     held: Position = (rows.get("log_segment", 0), rows.get("log_offset", 0))
     if not log_dir.is_dir():
         return held
-    ops: list[tuple[Any, ...]] = []
-    frames = 0
-    for position, records in replay(log_dir, held):
-        ops += records
+    batch: list[Written] = []
+    count = frames = 0
+    for position, records, starts in replay(log_dir, held):
+        batch.append((records, position[0], starts))
+        count += len(records)
         held = position
         frames += 1
-        if len(ops) >= _REPLAY_RECORDS:
-            apply([ops], held)
-            ops = []
-    if ops:
-        apply([ops], held)
+        if count >= _REPLAY_RECORDS:
+            apply(batch, held)
+            batch, count = [], 0
+    if batch:
+        apply(batch, held)
     if frames:
         log.warning(
             "store %s: %d writes of the log replayed into the index (an unclean stop)",
@@ -145,7 +152,7 @@ class Recovered:
     entries: int = 0  # entries on disk
 
 
-def recover(db: sqlite3.Connection, window: int) -> Recovered:
+def recover(db: sqlite3.Connection, bodies: Bodies, window: int) -> Recovered:
     """Topics, groups and pause states; per group the first `window` ready messages in
     (priority, id) order (all with 0), the count of the rest, every deferred and every
     buried one; the backlog of topics without a group; the id to start after."""
@@ -172,14 +179,15 @@ def recover(db: sqlite3.Connection, window: int) -> Recovered:
             t = topics[topic_name] = TopicIds(tid, 0)
         if name is None:
             t.backlog = gid
-            st.backlog = read.select(db, topic_name, "grp = ?", (gid,), by_id=True)
+            st.backlog = read.select(db, bodies, topic_name, "grp = ?", (gid,), by_id=True)
             continue
         t.groups[name] = gid
         sg = st.groups[name] = StoredGroup(name, bool(paused))
         ready = read.count_ready(db, gid)
-        sg.ready = read.select_ready(db, topic_name, gid, MIN_KEY, window if window > 0 else -1)
+        limit = window if window > 0 else -1
+        sg.ready = read.select_ready(db, bodies, topic_name, gid, MIN_KEY, limit)
         sg.spilled = ready - len(sg.ready)
-        sg.ready += read.select(db, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
-        sg.buried = read.select(db, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
+        sg.ready += read.select(db, bodies, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
+        sg.buried = read.select(db, bodies, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
     found.entries = read.count_all(db)
     return found

@@ -1,6 +1,7 @@
 """The durable store's index, read back: the messages of runs, with their bodies cut out of
-their batches. Runs on the store's worker thread (a page-in) or while it opens (recovery).
-The tables are described in sqlite_sql.py."""
+their batches (read from the log segment they were written to, their CRC checked, or
+from the batch row a compaction moved them into). Runs on the store's worker thread (a
+page-in) or while it opens (recovery). The tables are described in sqlite_sql.py."""
 
 from __future__ import annotations
 
@@ -11,25 +12,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.model import Message
-from gateway.stores.sqlite_sql import COLS, tries_of
+from gateway.stores.log import Bodies
+from gateway.stores.sqlite_sql import COLS, batch_bodies, tries_of
 
 _BATCH = (
-    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps"
-    " FROM batches WHERE id = ?"
+    "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps,"
+    " seg, off, size, crc FROM batches WHERE id = ?"
 )
 
 
 class _Batches:
     """The batches one read needs, each read once: its shared fields and bodies."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, log: Bodies) -> None:
         self.db = db
+        self.log = log
         self.cache: dict[int, tuple[Any, ...]] = {}
 
     def get(self, batch: int) -> tuple[Any, ...]:
         b = self.cache.get(batch)
         if b is None:
             row = self.db.execute(_BATCH, (batch,)).fetchone()
+            bodies = row[6] if row[9] is None else batch_bodies(self.log, *row[9:])
             ends = array("I")
             ends.frombytes(row[7])
             headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
@@ -37,7 +41,7 @@ class _Batches:
             if row[8]:
                 stamps = array("q")
                 stamps.frombytes(row[8])
-            b = self.cache[batch] = (*row[:4], headers, row[5], row[6], ends, stamps)
+            b = self.cache[batch] = (*row[:4], headers, row[5], bodies, ends, stamps)
         return b
 
 
@@ -74,10 +78,16 @@ def _expand(
 
 
 def select(
-    db: sqlite3.Connection, topic: str, where: str, args: tuple[Any, ...], *, by_id: bool = False
+    db: sqlite3.Connection,
+    log: Bodies,
+    topic: str,
+    where: str,
+    args: tuple[Any, ...],
+    *,
+    by_id: bool = False,
 ) -> list[Message]:
     """Every message of the runs `where` selects, in key order (`by_id`: in id order)."""
-    batches = _Batches(db)
+    batches = _Batches(db, log)
     out: list[Message] = []
     for row in db.execute(f"SELECT priority, {COLS} FROM runs WHERE {where}", args).fetchall():
         _expand(batches, topic, row[0], row[1:], out)
@@ -87,11 +97,16 @@ def select(
 
 
 def select_ready(
-    db: sqlite3.Connection, topic: str, gid: int, after: tuple[int, int], limit: int
+    db: sqlite3.Connection,
+    log: Bodies,
+    topic: str,
+    gid: int,
+    after: tuple[int, int],
+    limit: int,
 ) -> list[Message]:
     """Up to `limit` (-1: all) of a group's ready messages, due now, from (priority, id)
     `after` on, in that order: the run holding `after`, then the runs after it."""
-    batches = _Batches(db)
+    batches = _Batches(db, log)
     out: list[Message] = []
     priority, first = after
     head = db.execute(

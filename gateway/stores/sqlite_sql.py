@@ -3,9 +3,13 @@ records (reading them back is sqlite_read.py). Nothing here runs on the event lo
 `put_record`, which makes a publish's record.
 
 Tables (docs/storage.md, "The index"):
-* `batches`: one row per publish, holding all of its bodies end to end (`ends`: where
-  each one ends, uint32 native order) and the fields its messages share (timestamp, ttr,
+* `batches`: one row per publish: where its bodies are, end to end (`ends`: where each
+  one ends, uint32 native order), and the fields its messages share (timestamp, ttr,
   origin, reply_to, headers); `refs` counts the messages of it still queued in a group.
+  The bodies stay in the log segment they were written to (`seg`, `off`, `size`, with
+  their CRC-32C): the index holds where they are, not a copy. A batch a compaction moved
+  out of an old segment, or one from a log written before format 3, holds its bodies
+  (`bodies`, `seg` NULL).
 * `runs`: a group's messages in runs of consecutive ids that share their per-group fields
   (priority, attempts, due time, state) and their batch: a publish of 100 into a group is
   one row, not 100. Keyed (group, priority, first id): the key is the paging order, and
@@ -19,20 +23,30 @@ Tables (docs/storage.md, "The index"):
   and drops a batch none is left in.
 
 Format 1 kept one `entries` row per (group, message); opening such a file turns each into
-a run of one (`MIGRATE_1`).
+a run of one (`MIGRATE_1`). Format 2 held every batch's bodies; `MIGRATE_2` adds where
+they are, and its batches keep their bodies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate
+from pickle import PickleBuffer
 from typing import Any
 
+from crc32c import crc32c
+
 from gateway.model import Message, Publish
+from gateway.stores.log import Bodies
+
+# a publish's bodies in the log: segment, offset, and the bodies themselves (a view of
+# the frame, for their CRC-32C); a batch row holds segment, offset, size and CRC
+Where = tuple[int, int, memoryview]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -44,7 +58,8 @@ CREATE TABLE IF NOT EXISTS groups (
 CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
-    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB);
+    bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB,
+    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER);
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
@@ -62,7 +77,18 @@ DROP TABLE IF EXISTS seq;
 COMMIT;
 """
 
-VERSION = 2  # PRAGMA user_version of this format
+# after any conversion: the segments queued bodies are in, oldest first
+INDEXES = "CREATE INDEX IF NOT EXISTS batches_seg ON batches (seg) WHERE seg IS NOT NULL;"
+MIGRATE_2 = """
+BEGIN;
+ALTER TABLE batches ADD COLUMN seg INTEGER;
+ALTER TABLE batches ADD COLUMN off INTEGER;
+ALTER TABLE batches ADD COLUMN size INTEGER;
+ALTER TABLE batches ADD COLUMN crc INTEGER;
+COMMIT;
+"""
+
+VERSION = 3  # PRAGMA user_version of this format
 READY, BURIED = 0, 1
 RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
@@ -77,6 +103,10 @@ _AFTER = (
     f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
 )
 _INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_BATCH = (
+    "INSERT INTO batches (id, last, ts, ttr, origin, reply_to, headers, header_block, bodies,"
+    " ends, refs, stamps, seg, off, size, crc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 _GAP = 4096  # ids further apart than this are looked up in the index separately
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
@@ -84,12 +114,17 @@ _GAP = 4096  # ids further apart than this are looked up in the index separately
 # messages with consecutive ids into groups `gids`; `fields` is None when every message has
 # (priority, attempts), else one (priority, attempts) per message; `batch` is the batch
 # row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end, ends or
-# None for one message). ("U", (priority, attempts, due, state, gid, priority_was, id)),
-# ("D", gid, [(priority, id)]), ("A", gid, [(priority, id, attempts)]): deliveries, which
-# change attempts only, or a structural one (see `_structural`).
+# None for one message). The bodies are a `pickle.PickleBuffer` (the log writes them after
+# the pickle: log.py); `locate` turns them into a `Where` once the frame is written.
+# ("U", (priority, attempts, due, state, gid, priority_was, id)), ("D", gid,
+# [(priority, id)]), ("A", gid, [(priority, id, attempts)]): deliveries, which change
+# attempts only, or a structural one (see `_structural`).
 Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
+# the segments queued bodies are in; the bytes of queued bodies in each segment before one
+PINNED = "SELECT DISTINCT seg FROM batches WHERE seg IS NOT NULL"
+LIVE_BYTES = "SELECT seg, sum(size) FROM batches WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
 LOG_KEYS = ("log_segment", "log_offset")  # meta: the log position the index holds up to
 GET_LOG_POSITION = "SELECT key, value FROM meta WHERE key IN ('log_segment', 'log_offset')"
 SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
@@ -114,6 +149,7 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
             raw = [m.body for m in messages]
         bodies = b"".join(raw)
         ends = array("I", accumulate(map(len, raw))).tobytes()
+    bodies = PickleBuffer(bodies)
     headers = json.dumps(first.headers) if first.headers else None
     block = first.header_block
     if block is not None and type(block) is not bytes:
@@ -137,6 +173,25 @@ def tries_blob(counts: dict[int, int]) -> bytes | None:
     for k in sorted(counts):
         pairs.extend((k, counts[k]))
     return pairs.tobytes()
+
+
+def locate(ops: list[Op], segment: int, starts: list[int]) -> list[Op]:
+    """The records of one frame with each publish's bodies (out-of-band buffers, in the
+    order the frame holds them, starting at `starts` of `segment`) replaced by where they
+    are (index thread)."""
+    if not starts:
+        return ops
+    out: list[Op] = []
+    at = iter(starts)
+    for op in ops:
+        if op[0] == "P":
+            batch = op[8]
+            bodies = batch[6]
+            if not isinstance(bodies, bytes):  # an out-of-band buffer (or its view)
+                where = (segment, next(at), memoryview(bodies))
+                op = (*op[:8], (*batch[:6], where, batch[7]))
+        out.append(op)
+    return out
 
 
 # -- applying the log's records ---------------------------------------------------
@@ -284,14 +339,22 @@ def _put(
         written += refs
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
+            if type(bodies) is tuple:  # in the log: where, not a copy
+                seg, off, view = bodies
+                size = view.nbytes
+                bodies = b""
+                crc = crc32c(view)
+            else:  # a log written before format 3: the bodies, held here
+                seg = off = crc = None
+                size = len(bodies)
             if ends is None:
-                ends = array("I", (len(bodies),)).tobytes()
+                ends = array("I", (size,)).tobytes()
             batch_rows.append(
                 (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs,
-                 stamps)
+                 stamps, seg, off, size, crc)
             )  # fmt: skip
     if batch_rows:
-        db.executemany("INSERT INTO batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", batch_rows)
+        db.executemany(_INSERT_BATCH, batch_rows)
     if run_rows:
         db.executemany(_INSERT, run_rows)
     return written
@@ -311,12 +374,18 @@ def _coalesced(puts: list[Op]) -> list[Op]:
             out.append((*chain[0], None))
         else:
             head = chain[0]
-            ts, ttr, origin, reply_to, headers, block = head[8][:6]
+            ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
             raw = [op[8][6] for op in chain]
-            ends = array("I", accumulate(map(len, raw))).tobytes()
+            if type(first) is tuple:  # adjacent in the log: one range
+                views = [where[2] for where in raw]
+                ends = array("I", accumulate(v.nbytes for v in views)).tobytes()
+                bodies: Any = (first[0], first[1], memoryview(b"".join(views)))
+            else:
+                ends = array("I", accumulate(map(len, raw))).tobytes()
+                bodies = b"".join(raw)
             times = [op[8][0] for op in chain]
             stamps = array("q", times).tobytes() if times.count(ts) != len(times) else None
-            batch = (ts, ttr, origin, reply_to, headers, block, b"".join(raw), ends)
+            batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
             out.append((*head[:3], len(chain), *head[4:8], batch, stamps))
         chain.clear()
 
@@ -329,6 +398,7 @@ def _coalesced(puts: list[Op]) -> list[Op]:
                 and op[1] == last[1]
                 and op[4:8] == last[4:8]
                 and op[8][1:6] == last[8][1:6]
+                and _adjacent(last[8][6], op[8][6])
             ):
                 chain.append(op)
                 continue
@@ -340,6 +410,40 @@ def _coalesced(puts: list[Op]) -> list[Op]:
     if chain:
         close()
     return out
+
+
+def compact(db: sqlite3.Connection, log: Bodies, segment: int) -> None:
+    """Move the bodies of every batch in `segment` into its row (one transaction)."""
+    rows = db.execute("SELECT id, off, size, crc FROM batches WHERE seg = ?", (segment,)).fetchall()
+    moved = [(batch_bodies(log, segment, off, size, crc), batch) for batch, off, size, crc in rows]
+    db.execute("BEGIN")
+    try:
+        db.executemany("UPDATE batches SET bodies = ?, seg = NULL WHERE id = ?", moved)
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+
+
+def batch_bodies(log: Bodies, seg: int, off: int, size: int, crc: int) -> bytes:
+    """A batch's bodies, read from the log (OSError if they are not what was written)."""
+    data = log.read(seg, off, size)
+    if crc32c(data) != crc:
+        raise OSError(f"store log segment {seg}: the bodies at {off} fail their CRC")
+    return data
+
+
+def _adjacent(before: Any, after: Any) -> bool:
+    """Whether two publishes' bodies can be one batch's: both held here, or the second
+    right after the first in the log."""
+    if type(before) is tuple:
+        return (
+            type(after) is tuple
+            and after[0] == before[0]
+            and after[1] == before[1] + before[2].nbytes
+        )
+    return type(after) is not tuple
 
 
 def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -> list[list[Any]]:

@@ -158,5 +158,5 @@ async def test_a_format_1_file_is_converted_and_counts_the_same(tmp_path: Path) 
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "entries" not in tables and "runs" in tables
     assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall() == []
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 3
     db.close()

@@ -15,11 +15,12 @@ import trio
 from gateway.model import Message
 from gateway.stores import SQLiteStore
 from gateway.stores import log as store_log
+from gateway.stores import sqlite as sqlite_store
 from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
 
 
 def frames(directory: Path, after: tuple[int, int] = (0, 0)) -> list[list[tuple[object, ...]]]:
-    return [records for _, records in replay(directory, after)]
+    return [records for _, records, _ in replay(directory, after)]
 
 
 def test_frames_come_back_in_order_with_their_end_positions(tmp_path: Path) -> None:
@@ -27,8 +28,10 @@ def test_frames_come_back_in_order_with_their_end_positions(tmp_path: Path) -> N
     ends = [log.write(encode([("R", i), ("D", 3, [(0, i)])])) for i in range(5)]
     log.close()
     got = list(replay(tmp_path, (0, 0)))
-    assert [position for position, _ in got] == ends
-    assert [records for _, records in got] == [[("R", i), ("D", 3, [(0, i)])] for i in range(5)]
+    assert [position for position, _, _ in got] == ends
+    assert [records for _, records, _ in got] == [
+        [("R", i), ("D", 3, [(0, i)])] for i in range(5)
+    ]
     # from a position on: only what follows it
     assert frames(tmp_path, ends[2]) == [
         [("R", 3), ("D", 3, [(0, 3)])],
@@ -87,7 +90,7 @@ def test_a_failed_write_leaves_no_partial_frame(tmp_path: Path) -> None:
     log.write(encode([("R", 1)]))
     real_writev, real_write = os.writev, os.write
 
-    def short_writev(fd: int, parts: tuple[bytes, bytes]) -> int:
+    def short_writev(fd: int, parts: list[bytes]) -> int:
         return real_write(fd, b"".join(parts)[:10])  # a short write...
 
     def full(fd: int, data: memoryview) -> int:
@@ -139,12 +142,15 @@ async def test_a_store_killed_before_its_index_caught_up_replays_its_log(tmp_pat
     assert ready[0].body == b"body 11"
     # every start writes a new segment past everything before: positions only grow
     assert store._log is not None and store._log.segment > first_segment
-    # and the segments the index now holds are gone
-    assert segments(path.parent / "gateway.db-log") == [store._log.segment]
+    # the index holds every record now; the old segment stays: the queued bodies are in it
+    log_dir = path.parent / "gateway.db-log"
+    assert segments(log_dir) == [first_segment, store._log.segment]
+    store.remove("t", "g", [msg(i) for i in range(11, 51)])
     await store.close()
+    assert segments(log_dir) == []  # none queued: nothing left
 
 
-async def test_segments_the_index_holds_are_deleted(
+async def test_a_segment_goes_once_the_index_holds_it_and_none_of_its_bodies_is_queued(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
@@ -157,18 +163,72 @@ async def test_segments_the_index_holds_are_deleted(
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         for i in range(1, 401):
-            store.put("t", ["g"], [Message(i, "t", b"x" * 200, 1)], 0.0)
+            store.put("t", ["g"], [Message(i, "t", b"x%d" % i * 50, 1)], 0.0)
             await store.flush()
         assert len(segments(log_dir)) > 10  # 4 KiB segments: many of them
-        await store.caught_up()  # the index holds it all now
-        store.put("t", ["g"], [Message(401, "t", b"x" * 200, 1)], 0.0)
+        await store.caught_up()  # the index holds it all now, bodies where they are
+        assert len(segments(log_dir)) > 10
+        store.remove("t", "g", [Message(i, "t", b"", 1) for i in range(1, 301)])
         await store.caught_up()
         assert store._log is not None
-        assert segments(log_dir)[0] >= store._log.segment - 1
+        # the segments of the first 300 went; those of the last 100 stay
+        kept = segments(log_dir)
+        assert 3 < len(kept) < 10
         nursery.cancel_scope.cancel()
     await store.close()
-    assert segments(log_dir) == []  # a clean stop: the index holds everything
+    assert segments(log_dir) == kept[:-1] or segments(log_dir) == kept
     reopened = SQLiteStore(path)
     state = await reopened.open()
-    assert len(state.topics["t"].groups["g"].ready) == 401
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(i, b"x%d" % i * 50) for i in range(301, 401)]
     await reopened.close()
+
+
+async def test_an_old_segment_mostly_finished_is_compacted_into_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few long-lived messages keep no segment: once the log is large, the bodies still
+    queued in an old, mostly finished segment move into the index and the segment goes."""
+    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    log_dir = path.parent / "gateway.db-log"
+    kept = list(range(1, 801, 40))  # one message in 40 stays queued: every segment has one
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for i in range(1, 801):
+            store.put("t", ["g"], [Message(i, "t", b"y%d" % i * 50, 1)], 0.0)
+            await store.flush()
+        store.remove("t", "g", [Message(i, "t", b"", 1) for i in range(1, 801) if i not in kept])
+        for k in range(len(segments(log_dir))):  # a segment compacted per index update
+            store.reserve_ids(10_000 + k)
+            await store.caught_up()
+        assert len(segments(log_dir)) <= 5
+        nursery.cancel_scope.cancel()
+    await store.close()
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(i, b"y%d" % i * 50) for i in kept]
+    await reopened.close()
+
+
+def test_bodies_are_written_after_the_pickle_where_the_frame_says(tmp_path: Path) -> None:
+    log = Log(tmp_path, 1)
+    log.write(encode([("R", 1)]))
+    bodies = [b"first body", b"", b"third" * 100]
+    frame = encode([("P", i, pickle.PickleBuffer(b)) for i, b in enumerate(bodies)])
+    end = log.write(frame)
+    log.close()
+    data = segment_path(tmp_path, 1).read_bytes()
+    start = end[1] - frame.size
+    assert [data[start + at : start + at + len(b)] for at, b in zip(frame.starts, bodies)] == bodies
+    (_, first, _), (position, records, starts) = replay(tmp_path, (0, 0))
+    assert position == end and starts == [start + at for at in frame.starts]
+    assert [(op[0], op[1], bytes(op[2])) for op in records] == [
+        ("P", i, b) for i, b in enumerate(bodies)
+    ]
