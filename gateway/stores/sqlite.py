@@ -80,8 +80,10 @@ _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 _APPLY_BYTES = 8 * 1024 * 1024
 _APPLY_RECORDS = 50_000
 _APPLY_AGE = 0.5
-# the log's size from which old segments mostly finished are compacted
+# the log's size from which old segments mostly finished are compacted, and how often
+# (seconds) the segments before the oldest queued body are looked at for that
 _COMPACT_FROM = 64 * 1024 * 1024
+_COMPACT_EVERY = 5.0
 
 
 class SQLiteStore(Store):
@@ -143,7 +145,7 @@ class SQLiteStore(Store):
         self._lock()
         try:
             db = self._db = connect(self.path)
-            held = replay_into(db, self.log_dir, self._apply_sync)
+            held = replay_into(db, self.log_dir, self._bodies, self._apply_sync)
             state = self._recover(db, window)
             # a new segment on every start, numbered past the index's position: positions
             # only grow, even where a power cut left the log shorter than the index
@@ -151,7 +153,7 @@ class SQLiteStore(Store):
             first = max([held[0], *on_disk]) + 1
             self._log = Log(self.log_dir, first)
             # the index holds every segment on disk: those no queued body is in can go
-            self._retire(db, first)
+            self._retire(db, first, {row[0] for row in db.execute(sql.PINNED)})
             self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
@@ -468,8 +470,9 @@ class SQLiteStore(Store):
     async def _index_loop(self) -> None:
         retry = _RETRY_FIRST
         next_maintenance = trio.current_time() + _MAINTAIN_IDLE
+        next_compaction = trio.current_time() + _COMPACT_EVERY
         while True:
-            wake_at = next_maintenance
+            wake_at = min(next_maintenance, next_compaction)
             if self._unapplied:
                 wake_at = min(wake_at, self._unapplied_since + _APPLY_AGE)
             with trio.move_on_at(wake_at):
@@ -483,6 +486,10 @@ class SQLiteStore(Store):
                     retry = min(retry * 2, _RETRY_MAX)
                     continue
             now = trio.current_time()
+            if now >= next_compaction:
+                with contextlib.suppress(sqlite3.Error, OSError):
+                    await self._worker.run(self._compact)
+                next_compaction = trio.current_time() + _COMPACT_EVERY
             if now >= next_maintenance:
                 if self._unapplied or now - self._applied_at < _MAINTAIN_QUIET:
                     # giving pages back moves them about in the file: not while traffic
@@ -508,12 +515,8 @@ class SQLiteStore(Store):
         self._unapplied_bytes = self._unapplied_records = 0
         self._applying = True
         try:
-            # the index points at bodies in the log: it may only hold what the log keeps
-            # through a power cut (under every policy; "never" only keeps the fsync off
-            # the acknowledgement path)
-            await self._synced_through(position)
             # not abandoned on cancel: an apply that started always finishes
-            await self._worker.run(self._apply_sync, frames, position)
+            await self._worker.run(self._apply_sync, frames, position, self._synced_pos)
         except BaseException as exc:
             if self._apply_done is not frames:  # not applied: kept, in order, for a retry
                 self._unapplied[:0] = frames
@@ -521,8 +524,6 @@ class SQLiteStore(Store):
                 self._unapplied_records += records
                 if len(self._unapplied) == len(frames):
                     self._unapplied_since = trio.current_time()
-            if isinstance(exc, StoreError):  # the log's fsync failed: said already
-                return False
             if not isinstance(exc, sqlite3.Error | OSError):
                 raise
             self._stats.write_errors += 1
@@ -541,10 +542,11 @@ class SQLiteStore(Store):
             self._index_failed = None
         return True
 
-    def _apply_sync(self, frames: list[Written], position: Position) -> None:
-        """The index thread's side: one transaction with the frames' records and the log
-        position they end at; then the segments the index now holds go, once it is synced
-        (those no queued body is in), and an old segment mostly finished is compacted."""
+    def _apply_sync(self, frames: list[Written], position: Position, synced: Position) -> None:
+        """The index thread's side: one transaction with the frames' records, the log
+        position they end at and the one the log was fsynced to (recovery checks the
+        bodies past it: sqlite.open); then the segments before the oldest queued body that
+        the index now holds go, once it is synced."""
         db = self._db
         assert db is not None
         if db.in_transaction:
@@ -555,7 +557,7 @@ class SQLiteStore(Store):
         db.execute("BEGIN")
         try:
             delta = sql.apply(db, ops)
-            db.executemany(sql.SET_META, zip(sql.LOG_KEYS, position, strict=True))
+            db.executemany(sql.SET_META, zip(sql.LOG_KEYS, (*position, *synced), strict=True))
             db.execute("COMMIT")
             self._apply_done = frames
         except BaseException:
@@ -564,15 +566,16 @@ class SQLiteStore(Store):
             raise
         self._stats.messages_on_disk += delta
         if self._log is not None:
-            self._retire(db, position[0])
-            self._compact(db)
+            # the common case, cheap: segments before every queued body (`_compact` finds
+            # the others, every few seconds)
+            oldest = db.execute(sql.OLDEST_PINNED).fetchone()[0]
+            self._retire(db, position[0] if oldest is None else min(oldest, position[0]))
 
-    def _retire(self, db: sqlite3.Connection, held: int) -> None:
-        """Delete the segments before `held` (the index holds their records) that no
-        queued body is in (index thread)."""
+    def _retire(self, db: sqlite3.Connection, held: int, pinned: set[int] = frozenset()) -> None:
+        """Delete the segments before `held` (the index holds their records) but `pinned`
+        (queued bodies are in them). Index thread."""
         log_ = self._log
         assert log_ is not None
-        pinned = {row[0] for row in db.execute(sql.PINNED)}
         gone = [n for n in log_.on_disk() if n < held and n not in pinned]
         if gone:
             # the index must keep what the deleted segments held through a power cut:
@@ -581,13 +584,19 @@ class SQLiteStore(Store):
             log_.delete(gone)
             self._bodies.forget(gone)
 
-    def _compact(self, db: sqlite3.Connection) -> None:
-        """While the log is large, move the bodies still queued in an old segment that is
-        mostly finished into the index, so that the segment can go: a few long-lived
-        messages (deferred, buried, a slow group) must not keep whole segments (bitcask's
-        merge; one segment per index update bounds the work)."""
+    def _compact(self) -> None:
+        """Delete the segments the index holds that no queued body is in; then, while the
+        log is large, move the bodies still queued in an old segment that is mostly
+        finished into the index, so that the segment can go: a few long-lived messages
+        (deferred, buried, a slow group) must not keep whole segments (bitcask's merge; a
+        segment per pass bounds the work). Index thread."""
         log_ = self._log
-        assert log_ is not None
+        db = self._db
+        if log_ is None or db is None:
+            return
+        pinned = {row[0] for row in db.execute(sql.PINNED)}
+        held = db.execute(sql.GET_LOG_POSITION).fetchall()
+        self._retire(db, dict(held).get("log_segment", 0), pinned)
         on_disk = log_.on_disk()
         if len(on_disk) < 2 or log_.size() < _COMPACT_FROM:
             return
@@ -691,7 +700,11 @@ class SQLiteStore(Store):
         log_, self._log = self._log, None
         pinned: set[int] | None = None
         if db is not None:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(sqlite3.Error, OSError):
+                if log_ is not None and indexed:
+                    # the segments left hold queued bodies: on disk, and the index says so
+                    synced = log_.sync()
+                    db.executemany(sql.SET_META, zip(sql.LOG_KEYS[2:], synced, strict=True))
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 pinned = {row[0] for row in db.execute(sql.PINNED)}
             db.close()

@@ -19,7 +19,7 @@ from typing import Any
 from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
-from gateway.stores.log import Bodies, Position, replay
+from gateway.stores.log import Bodies, Position, replay, segment_path, segments
 
 # a frame written to the log: its records, its segment, where its bodies start in it
 Written = tuple[list[tuple[Any, ...]], int, list[int]]
@@ -114,14 +114,33 @@ def connect(path: Path) -> sqlite3.Connection:
 def replay_into(
     db: sqlite3.Connection,
     log_dir: Path,
-    apply: Callable[[list[Written], Position], None],
+    bodies: Bodies,
+    apply: Callable[[list[Written], Position, Position], None],
 ) -> Position:
-    """Apply the log's records the index lacks (`apply`: frames and the position they
-    end at, one transaction); returns the position the index holds now."""
+    """Check the bodies the index points at past the log's last fsync, then apply the
+    log's records the index lacks (`apply`: frames, the position they end at and the one
+    the log is fsynced to, one transaction); returns the position the index holds now."""
     rows = dict(db.execute(sql.GET_LOG_POSITION).fetchall())
     held: Position = (rows.get("log_segment", 0), rows.get("log_offset", 0))
     if not log_dir.is_dir():
         return held
+    # what is on disk now is what the replay reads: fsynced first, so that the index
+    # never holds more than a later power cut could leave of the log
+    for number in segments(log_dir):
+        fd = os.open(segment_path(log_dir, number), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    synced: Position = (rows.get("synced_segment", 0), rows.get("synced_offset", 0))
+    lost = sql.drop_lost(db, bodies, synced)
+    if lost:
+        log.warning(
+            "store %s: %d messages whose bodies were written after the log's last fsync"
+            " are not in it (a power cut): dropped",
+            log_dir,
+            lost,
+        )
     batch: list[Written] = []
     count = frames = 0
     for position, records, starts in replay(log_dir, held):
@@ -130,10 +149,10 @@ def replay_into(
         held = position
         frames += 1
         if count >= _REPLAY_RECORDS:
-            apply(batch, held)
+            apply(batch, held, held)
             batch, count = [], 0
     if batch:
-        apply(batch, held)
+        apply(batch, held, held)
     if frames:
         log.warning(
             "store %s: %d writes of the log replayed into the index (an unclean stop)",

@@ -125,8 +125,13 @@ _Update = tuple[Any, ...]  # the "U" tuple
 # the segments queued bodies are in; the bytes of queued bodies in each segment before one
 PINNED = "SELECT DISTINCT seg FROM batches WHERE seg IS NOT NULL"
 LIVE_BYTES = "SELECT seg, sum(size) FROM batches WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
-LOG_KEYS = ("log_segment", "log_offset")  # meta: the log position the index holds up to
-GET_LOG_POSITION = "SELECT key, value FROM meta WHERE key IN ('log_segment', 'log_offset')"
+OLDEST_PINNED = "SELECT min(seg) FROM batches"
+# meta: the log position the index holds up to, and the one the log was fsynced to then
+LOG_KEYS = ("log_segment", "log_offset", "synced_segment", "synced_offset")
+GET_LOG_POSITION = (
+    "SELECT key, value FROM meta WHERE key IN"
+    " ('log_segment', 'log_offset', 'synced_segment', 'synced_offset')"
+)
 SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 
@@ -424,6 +429,34 @@ def compact(db: sqlite3.Connection, log: Bodies, segment: int) -> None:
         with contextlib.suppress(sqlite3.Error):
             db.execute("ROLLBACK")
         raise
+
+
+def drop_lost(db: sqlite3.Connection, log: Bodies, synced: tuple[int, int]) -> int:
+    """Drop the batches whose bodies are past `synced` (the log was fsynced up to there
+    when the index last changed) and are not in the log as written: a power cut took them
+    (so they were never acknowledged under "always", and within the last interval under
+    an interval policy). Returns how many messages went with them."""
+    seg, off = synced
+    lost = []
+    for batch, bseg, boff, size, crc in db.execute(
+        "SELECT id, seg, off, size, crc FROM batches WHERE seg > ? OR (seg = ? AND off + size > ?)",
+        (seg, seg, off),
+    ).fetchall():
+        try:
+            batch_bodies(log, bseg, boff, size, crc)
+        except OSError:
+            lost.append((batch,))
+    if not lost:
+        return 0
+    db.execute("BEGIN")
+    gone = sum(
+        db.execute("SELECT coalesce(sum(left), 0) FROM runs WHERE batch = ?", b).fetchone()[0]
+        for b in lost
+    )
+    db.executemany("DELETE FROM runs WHERE batch = ?", lost)
+    db.executemany("DELETE FROM batches WHERE id = ?", lost)
+    db.execute("COMMIT")
+    return gone
 
 
 def batch_bodies(log: Bodies, seg: int, off: int, size: int, crc: int) -> bytes:
