@@ -83,7 +83,7 @@ _APPLY_AGE = 0.5
 # the log's size from which old segments mostly finished are compacted, and how often
 # (seconds) the segments before the oldest queued body are looked at for that
 _COMPACT_FROM = 64 * 1024 * 1024
-_COMPACT_EVERY = 5.0
+_COMPACT_EVERY = 30.0
 
 
 class SQLiteStore(Store):
@@ -153,7 +153,7 @@ class SQLiteStore(Store):
             first = max([held[0], *on_disk]) + 1
             self._log = Log(self.log_dir, first)
             # the index holds every segment on disk: those no queued body is in can go
-            self._retire(db, first, {row[0] for row in db.execute(sql.PINNED)})
+            self._retire(db, first, sql.pinned(db))
             self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
@@ -594,7 +594,7 @@ class SQLiteStore(Store):
         db = self._db
         if log_ is None or db is None:
             return
-        pinned = {row[0] for row in db.execute(sql.PINNED)}
+        pinned = sql.pinned(db)
         held = db.execute(sql.GET_LOG_POSITION).fetchall()
         self._retire(db, dict(held).get("log_segment", 0), pinned)
         on_disk = log_.on_disk()
@@ -706,7 +706,7 @@ class SQLiteStore(Store):
                     synced = log_.sync()
                     db.executemany(sql.SET_META, zip(sql.LOG_KEYS[2:], synced, strict=True))
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                pinned = {row[0] for row in db.execute(sql.PINNED)}
+                pinned = sql.pinned(db)
             db.close()
         self._bodies.close()
         if log_ is not None:

@@ -123,9 +123,9 @@ Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
 # the segments queued bodies are in; the bytes of queued bodies in each segment before one
-PINNED = "SELECT DISTINCT seg FROM batches WHERE seg IS NOT NULL"
 LIVE_BYTES = "SELECT seg, sum(size) FROM batches WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
-OLDEST_PINNED = "SELECT min(seg) FROM batches"
+OLDEST_PINNED = "SELECT min(seg) FROM batches WHERE seg IS NOT NULL"  # the partial index
+_NEXT_PINNED = "SELECT min(seg) FROM batches WHERE seg > ?"
 # meta: the log position the index holds up to, and the one the log was fsynced to then
 LOG_KEYS = ("log_segment", "log_offset", "synced_segment", "synced_offset")
 GET_LOG_POSITION = (
@@ -429,6 +429,16 @@ def compact(db: sqlite3.Connection, log: Bodies, segment: int) -> None:
         with contextlib.suppress(sqlite3.Error):
             db.execute("ROLLBACK")
         raise
+
+
+def pinned(db: sqlite3.Connection) -> set[int]:
+    """The segments queued bodies are in: one index lookup per segment, not a scan."""
+    out: set[int] = set()
+    seg = db.execute(OLDEST_PINNED).fetchone()[0]
+    while seg is not None:
+        out.add(seg)
+        seg = db.execute(_NEXT_PINNED, (seg,)).fetchone()[0]
+    return out
 
 
 def drop_lost(db: sqlite3.Connection, log: Bodies, synced: tuple[int, int]) -> int:
