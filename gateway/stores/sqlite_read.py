@@ -17,7 +17,7 @@ from gateway.stores.sqlite_sql import COLS, batch_bodies, tries_of
 
 _BATCH = (
     "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps,"
-    " seg, off, size, crc FROM batches WHERE id = ?"
+    " seg, off, size, crc, starts FROM batches WHERE id = ?"
 )
 
 
@@ -33,7 +33,7 @@ class _Batches:
         b = self.cache.get(batch)
         if b is None:
             row = self.db.execute(_BATCH, (batch,)).fetchone()
-            bodies = row[6] if row[9] is None else batch_bodies(self.log, *row[9:])
+            bodies = row[6] if row[9] is None else batch_bodies(self.log, *row[9:], row[7])
             ends = array("I")
             ends.frombytes(row[7])
             headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None

@@ -44,9 +44,10 @@ from crc32c import crc32c
 from gateway.model import Message, Publish
 from gateway.stores.log import Bodies
 
-# a publish's bodies in the log: segment, offset, and the bodies themselves (a view of
-# the frame, for their CRC-32C); a batch row holds segment, offset, size and CRC
-Where = tuple[int, int, memoryview]
+# a publish's bodies in the log: segment, offset, the bodies themselves (a view of the
+# frame, for their CRC-32C), where each body starts (from offset; None: end to end) and
+# the bytes from offset to the end of the last; a batch row holds all but the bodies
+Where = tuple[int, int, memoryview, bytes | None, int]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -59,7 +60,7 @@ CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
     bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB,
-    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER);
+    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER, starts BLOB);
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
@@ -85,6 +86,7 @@ ALTER TABLE batches ADD COLUMN seg INTEGER;
 ALTER TABLE batches ADD COLUMN off INTEGER;
 ALTER TABLE batches ADD COLUMN size INTEGER;
 ALTER TABLE batches ADD COLUMN crc INTEGER;
+ALTER TABLE batches ADD COLUMN starts BLOB;
 COMMIT;
 """
 
@@ -105,9 +107,11 @@ _AFTER = (
 _INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_BATCH = (
     "INSERT INTO batches (id, last, ts, ttr, origin, reply_to, headers, header_block, bodies,"
-    " ends, refs, stamps, seg, off, size, crc) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " ends, refs, stamps, seg, off, size, crc, starts)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _GAP = 4096  # ids further apart than this are looked up in the index separately
+_SPAN = 1 << 20  # a publish's bodies this far after the last ones' start another batch
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
 # ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
@@ -193,7 +197,8 @@ def locate(ops: list[Op], segment: int, starts: list[int]) -> list[Op]:
             batch = op[8]
             bodies = batch[6]
             if not isinstance(bodies, bytes):  # an out-of-band buffer (or its view)
-                where = (segment, next(at), memoryview(bodies))
+                view = memoryview(bodies)
+                where = (segment, next(at), view, None, view.nbytes)
                 op = (*op[:8], (*batch[:6], where, batch[7]))
         out.append(op)
     return out
@@ -345,18 +350,19 @@ def _put(
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
             if type(bodies) is tuple:  # in the log: where, not a copy
-                seg, off, view = bodies
-                size = view.nbytes
+                seg, off, view, starts, size = bodies
                 bodies = b""
                 crc = crc32c(view)
+                if ends is None:
+                    ends = array("I", (view.nbytes,)).tobytes()
             else:  # a log written before format 3: the bodies, held here
-                seg = off = crc = None
+                seg = off = crc = starts = None
                 size = len(bodies)
-            if ends is None:
-                ends = array("I", (size,)).tobytes()
+                if ends is None:
+                    ends = array("I", (size,)).tobytes()
             batch_rows.append(
                 (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs,
-                 stamps, seg, off, size, crc)
+                 stamps, seg, off, size, crc, starts)
             )  # fmt: skip
     if batch_rows:
         db.executemany(_INSERT_BATCH, batch_rows)
@@ -381,10 +387,15 @@ def _coalesced(puts: list[Op]) -> list[Op]:
             head = chain[0]
             ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
             raw = [op[8][6] for op in chain]
-            if type(first) is tuple:  # adjacent in the log: one range
+            if type(first) is tuple:  # in one segment: one range, read at once
                 views = [where[2] for where in raw]
                 ends = array("I", accumulate(v.nbytes for v in views)).tobytes()
-                bodies: Any = (first[0], first[1], memoryview(b"".join(views)))
+                base = first[1]
+                starts = array("I", [where[1] - base for where in raw])
+                span = raw[-1][1] + raw[-1][4] - base
+                gaps = span != sum(v.nbytes for v in views)
+                joined = memoryview(b"".join(views))
+                bodies: Any = (first[0], base, joined, starts.tobytes() if gaps else None, span)
             else:
                 ends = array("I", accumulate(map(len, raw))).tobytes()
                 bodies = b"".join(raw)
@@ -419,11 +430,15 @@ def _coalesced(puts: list[Op]) -> list[Op]:
 
 def compact(db: sqlite3.Connection, log: Bodies, segment: int) -> None:
     """Move the bodies of every batch in `segment` into its row (one transaction)."""
-    rows = db.execute("SELECT id, off, size, crc FROM batches WHERE seg = ?", (segment,)).fetchall()
-    moved = [(batch_bodies(log, segment, off, size, crc), batch) for batch, off, size, crc in rows]
+    rows = db.execute(
+        "SELECT id, off, size, crc, starts, ends FROM batches WHERE seg = ?", (segment,)
+    ).fetchall()
+    moved = [(batch_bodies(log, segment, *row[1:]), row[0]) for row in rows]
     db.execute("BEGIN")
     try:
-        db.executemany("UPDATE batches SET bodies = ?, seg = NULL WHERE id = ?", moved)
+        db.executemany(
+            "UPDATE batches SET bodies = ?, seg = NULL, starts = NULL WHERE id = ?", moved
+        )
         db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
@@ -448,12 +463,14 @@ def drop_lost(db: sqlite3.Connection, log: Bodies, synced: tuple[int, int]) -> i
     an interval policy). Returns how many messages went with them."""
     seg, off = synced
     lost = []
-    for batch, bseg, boff, size, crc in db.execute(
-        "SELECT id, seg, off, size, crc FROM batches WHERE seg > ? OR (seg = ? AND off + size > ?)",
+    for row in db.execute(
+        "SELECT id, seg, off, size, crc, starts, ends FROM batches"
+        " WHERE seg > ? OR (seg = ? AND off + size > ?)",
         (seg, seg, off),
     ).fetchall():
+        batch = row[0]
         try:
-            batch_bodies(log, bseg, boff, size, crc)
+            batch_bodies(log, *row[1:])
         except OSError:
             lost.append((batch,))
     if not lost:
@@ -469,22 +486,36 @@ def drop_lost(db: sqlite3.Connection, log: Bodies, synced: tuple[int, int]) -> i
     return gone
 
 
-def batch_bodies(log: Bodies, seg: int, off: int, size: int, crc: int) -> bytes:
-    """A batch's bodies, read from the log (OSError if they are not what was written)."""
+def batch_bodies(
+    log: Bodies, seg: int, off: int, size: int, crc: int, starts: bytes | None, ends: bytes
+) -> bytes:
+    """A batch's bodies end to end, read from the log (`size` bytes from `off`; `starts`:
+    where each starts, when other bytes are between them). OSError if they are not what
+    was written."""
     data = log.read(seg, off, size)
+    if starts is not None:
+        at = array("I")
+        at.frombytes(starts)
+        stops = array("I")
+        stops.frombytes(ends)
+        view = memoryview(data)
+        data = b"".join(
+            [view[a : a + e - b] for a, b, e in zip(at, [0, *stops[:-1]], stops, strict=True)]
+        )
     if crc32c(data) != crc:
         raise OSError(f"store log segment {seg}: the bodies at {off} fail their CRC")
     return data
 
 
 def _adjacent(before: Any, after: Any) -> bool:
-    """Whether two publishes' bodies can be one batch's: both held here, or the second
-    right after the first in the log."""
+    """Whether two publishes' bodies can be one batch's: both held here, or both in one
+    segment of the log, the second after the first (other frames' bytes may be between
+    them: a batch notes where each body starts), not too far to read at once."""
     if type(before) is tuple:
         return (
             type(after) is tuple
             and after[0] == before[0]
-            and after[1] == before[1] + before[2].nbytes
+            and before[1] < after[1] < before[1] + _SPAN
         )
     return type(after) is not tuple
 

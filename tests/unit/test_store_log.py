@@ -16,6 +16,7 @@ from gateway.model import Message
 from gateway.stores import SQLiteStore
 from gateway.stores import log as store_log
 from gateway.stores import sqlite as sqlite_store
+from gateway.stores.base import StoreError
 from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
 
 
@@ -224,9 +225,93 @@ def test_bodies_are_written_after_the_pickle_where_the_frame_says(tmp_path: Path
     log.close()
     data = segment_path(tmp_path, 1).read_bytes()
     start = end[1] - frame.size
-    assert [data[start + at : start + at + len(b)] for at, b in zip(frame.starts, bodies)] == bodies
-    (_, first, _), (position, records, starts) = replay(tmp_path, (0, 0))
+    placed = zip(frame.starts, bodies, strict=True)
+    assert [data[start + at : start + at + len(b)] for at, b in placed] == bodies
+    _, (position, records, starts) = replay(tmp_path, (0, 0))
     assert position == end and starts == [start + at for at in frame.starts]
     assert [(op[0], op[1], bytes(op[2])) for op in records] == [
         ("P", i, b) for i, b in enumerate(bodies)
     ]
+
+
+async def batch_rows(store: SQLiteStore) -> list[tuple[int, int, bool]]:
+    """(first id, last id, bodies noted as ranges apart) of each batch in the index."""
+    db = store._db
+    assert db is not None
+    sql = "SELECT id, last, starts IS NOT NULL FROM batches ORDER BY id"
+    rows = await store._worker.run(lambda: db.execute(sql).fetchall())
+    return [(a, b, bool(c)) for a, b, c in rows]
+
+
+async def test_publishes_of_one_message_in_separate_writes_are_one_batch(tmp_path: Path) -> None:
+    """PUBs one at a time, each written on its own: their bodies lie between other frames'
+    bytes, and the index still holds them as one batch that notes where each starts."""
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    store.reserve_ids(1000)  # as the broker does: ids handed out in blocks
+    for i in range(1, 101):
+        store.put("t", ["g"], [Message(i, "t", b"z%d" % i * (i % 7), 1)], 0.0)
+        await store.flush()
+    await store.caught_up()
+    assert await batch_rows(store) == [(1, 100, True)]
+    await store.close()
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(i, b"z%d" % i * (i % 7)) for i in range(1, 101)]
+    await reopened.close()
+
+
+async def test_bodies_a_power_cut_took_are_dropped_with_their_messages(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index is brought up to date without waiting for the log's fsync. If a power cut
+    then leaves the index but not the bodies it points at, recovery finds them missing
+    (past the last fsync the index noted), drops those messages and starts cleanly."""
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    for i in range(1, 11):
+        store.put("t", ["g"], [Message(i, "t", b"kept %d" % i, 1)], 0.0)
+    await store.flush()
+    await store._sync()  # the first ten are on disk
+    for i in range(11, 21):
+        store.put("t", ["g"], [Message(i, "t", b"lost %d" % i, 1)], 0.0)
+    await store.caught_up()  # the index points at all twenty
+    assert store._log is not None
+    segment, synced = store._synced_pos
+    abandon(store)
+    with open(segment_path(path.parent / "gateway.db-log", segment), "r+b") as f:
+        f.truncate(synced)  # what the power cut left: the log up to its last fsync
+    reopened = SQLiteStore(path)
+    with caplog.at_level(logging.WARNING, "gateway.store"):
+        state = await reopened.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(i, b"kept %d" % i) for i in range(1, 11)]
+    assert "10 messages whose bodies were written after the log's last fsync" in caplog.text
+    await reopened.close()
+
+
+async def test_a_body_that_fails_its_crc_is_an_error_not_a_wrong_message(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path)
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    store.put("t", ["g"], [Message(1, "t", b"the body", 1)], 0.0)
+    await store.caught_up()
+    assert store._log is not None
+    segment = store._log.segment
+    await store.close()
+    log_path = segment_path(path.parent / "gateway.db-log", segment)
+    data = bytearray(log_path.read_bytes())
+    at = data.find(b"the body")
+    data[at] ^= 0xFF
+    log_path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="fail their CRC"):
+        await SQLiteStore(path).open()
