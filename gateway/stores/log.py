@@ -36,7 +36,7 @@ import struct
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from crc32c import crc32c
 
@@ -45,16 +45,16 @@ log = logging.getLogger("gateway.store")
 HEADER = struct.Struct("<II")  # payload length, CRC-32C of the payload
 BODIES = 0x01  # the first byte of a payload with out-of-band bodies (a pickle's is 0x80)
 _U32 = struct.Struct("<I")
+_ONE = struct.Struct("<BIII")  # the prefix of a payload with one body range
 SEGMENT_BYTES = 16 * 1024 * 1024  # a segment is closed once it holds this much
 _SUFFIX = ".log"
 
 Position = tuple[int, int]  # (segment number, offset in it); (0, 0): before everything
 
 
-class Frame(NamedTuple):
-    parts: list[Any]  # written with one writev, not joined
-    starts: list[int]  # where in the frame each out-of-band body starts, in pickle's order
-    size: int
+# a frame: its parts, written with one writev, not joined; where in the frame each
+# out-of-band body starts, in pickle's order; its size
+Frame = tuple[list[Any], list[int], int]
 
 
 _JOIN = 64  # more bodies than this in one frame are joined into one part (IOV_MAX: 1024)
@@ -67,7 +67,14 @@ def encode(records: list[tuple[Any, ...]]) -> Frame:
     pickled = pickle.dumps(records, protocol=5, buffer_callback=buffers.append)
     if not buffers:
         head = HEADER.pack(len(pickled), crc32c(pickled))
-        return Frame([head, pickled], [], HEADER.size + len(pickled))
+        return ([head, pickled], [], HEADER.size + len(pickled))
+    if len(buffers) == 1:  # most frames: one publish (a PUB, an MPUB)
+        body = buffers[0]
+        size = memoryview(body).nbytes
+        prefix = _ONE.pack(BODIES, 1, size, len(pickled))
+        crc = crc32c(body, crc32c(pickled, crc32c(prefix)))
+        at = HEADER.size + _ONE.size + len(pickled)
+        return ([HEADER.pack(at + size - HEADER.size, crc), prefix, pickled, body], [at], at + size)
     lengths = [memoryview(b).nbytes for b in buffers]
     count = len(lengths)
     prefix = struct.pack(f"<BI{count}II", BODIES, count, *lengths, len(pickled))
@@ -80,7 +87,7 @@ def encode(records: list[tuple[Any, ...]]) -> Frame:
         starts.append(at)
         at += n
     parts: list[Any] = buffers if count <= _JOIN else [b"".join(buffers)]
-    return Frame([HEADER.pack(at - HEADER.size, crc), prefix, pickled, *parts], starts, at)
+    return ([HEADER.pack(at - HEADER.size, crc), prefix, pickled, *parts], starts, at)
 
 
 class _DataOnly(pickle.Unpickler):
@@ -237,7 +244,7 @@ class Log:
             self._repair()
         if self.offset >= SEGMENT_BYTES:
             self._rotate()
-        parts, size = frame.parts, frame.size
+        parts, _, size = frame
         written = 0
         try:
             written = os.writev(self._fd, parts)

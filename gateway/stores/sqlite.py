@@ -379,12 +379,12 @@ class SQLiteStore(Store):
         self._written_pos = position
         if not self._unapplied:
             self._unapplied_since = trio.current_time()
-        starts = frame.starts
+        _, starts, size = frame
         if starts:  # where this frame's bodies are: the index points there
-            at = position[1] - frame.size
+            at = position[1] - size
             starts = [at + s for s in starts]
         self._unapplied.append((ops, position[0], starts))
-        self._unapplied_bytes += frame.size
+        self._unapplied_bytes += size
         self._unapplied_records += len(ops)
         self._unapplied_pos = position
         if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:

@@ -224,11 +224,11 @@ def test_bodies_are_written_after_the_pickle_where_the_frame_says(tmp_path: Path
     end = log.write(frame)
     log.close()
     data = segment_path(tmp_path, 1).read_bytes()
-    start = end[1] - frame.size
-    placed = zip(frame.starts, bodies, strict=True)
+    start = end[1] - frame[2]
+    placed = zip(frame[1], bodies, strict=True)
     assert [data[start + at : start + at + len(b)] for at, b in placed] == bodies
     _, (position, records, starts) = replay(tmp_path, (0, 0))
-    assert position == end and starts == [start + at for at in frame.starts]
+    assert position == end and starts == [start + at for at in frame[1]]
     assert [(op[0], op[1], bytes(op[2])) for op in records] == [
         ("P", i, b) for i, b in enumerate(bodies)
     ]
