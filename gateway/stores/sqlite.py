@@ -748,5 +748,11 @@ class _Recorder(GroupRecorder):
             self._sqlite._delivered(gid, deliveries)
 
     def finished(self, message: Message) -> None:
+        # _removed, inlined: this runs once per FIN
         if (gid := self._gid or self._bound()) is not None:
-            self._sqlite._removed(gid, [(message.priority, message.id)])
+            store = self._sqlite
+            ops = store._ops
+            if ops and (last := ops[-1])[0] == "D" and last[1] == gid:
+                last[2].append((message.priority, message.id))
+            else:
+                store._record(("D", gid, [(message.priority, message.id)]))

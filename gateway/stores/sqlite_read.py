@@ -9,6 +9,7 @@ import json
 import sqlite3
 from array import array
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from gateway.model import Message
@@ -61,7 +62,28 @@ def _expand(
     counts = tries_of(tries) if tries else None
     ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps = batches.get(batch)
     base = start - batch  # the run's first message's place in its batch
-    for k in range(max(from_id - start, 0), n):
+    first = max(from_id - start, 0)
+    if not bits and not counts and not stamps and not due:
+        # the common run (a page-in of a backlog): its messages differ in id and body
+        # only, built without a call per message
+        stop = n if limit < 0 else min(n, first + limit - len(out))
+        lo, hi = base + first, base + stop
+        cuts = ends[lo - 1 : hi] if lo else [0, *ends[:hi]]
+        out += Message.run(
+            start + first,
+            topic,
+            [bodies[a:b] for a, b in pairwise(cuts)],
+            ts,
+            headers,
+            attempts,
+            priority,
+            ttr,
+            reply_to,
+            origin,
+            block,
+        )
+        return
+    for k in range(first, n):
         if bits >> k & 1:
             continue
         j = base + k

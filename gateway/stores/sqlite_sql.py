@@ -214,29 +214,52 @@ def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
     run (published and finished before the index caught up) is never written, nor are its
     changes. Returns the change in the number of messages queued in the index."""
     delta = 0
+    start = 0
+    for k, op in enumerate(ops):
+        if op[0] not in _RUN_KINDS:
+            if k > start:
+                delta += _segment(db, ops[start:k])
+            delta += _structural(db, op)
+            start = k + 1
+    if start < len(ops):
+        delta += _segment(db, ops[start:] if start else ops)
+    return delta
+
+
+_RUN_KINDS = frozenset(("P", "U", "D", "A"))
+
+
+def _segment(db: sqlite3.Connection, ops: list[Op]) -> int:
+    """The publishes, changes and finishes between two structural changes."""
     puts: list[Op] = []
     updates: list[_Update] = []
     deletes: list[tuple[int, int, int]] = []
+    # a delivery of a message finished in the same run changes nothing the index keeps:
+    # in a queue drained as it is read, that is nearly every delivery
+    done: dict[int, set[int]] = {}
+    for op in ops:
+        if op[0] == "D":
+            gid = op[1]
+            keys = op[2]
+            ids = done.get(gid)
+            if ids is None:
+                ids = done[gid] = set()
+            ids.update([i for _, i in keys])
+            deletes += [(gid, p, i) for p, i in keys]
     for op in ops:
         kind = op[0]
         if kind == "P":
             puts.append(op)
         elif kind == "U":
             updates.append(op[1])
-        elif kind == "D":
-            gid = op[1]
-            deletes += [(gid, p, i) for p, i in op[2]]
         elif kind == "A":
             gid = op[1]
-            updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
-        else:
-            if puts or updates or deletes:
-                delta += _run(db, puts, updates, deletes)
-                puts, updates, deletes = [], [], []
-            delta += _structural(db, op)
-    if puts or updates or deletes:
-        delta += _run(db, puts, updates, deletes)
-    return delta
+            ids = done.get(gid)
+            if ids:
+                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in ids]
+            else:
+                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
+    return _run(db, puts, updates, deletes)
 
 
 class _ByGroup:
