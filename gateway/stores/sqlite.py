@@ -237,12 +237,19 @@ class SQLiteStore(Store):
             self._removed(gid, [(m.priority, m.id) for m in messages])
 
     def _removed(self, gid: int, keys: list[tuple[int, int]]) -> None:
-        # a run of finishes in one group between other records is one record
+        # a run of finishes in one group between other records is one record, and its
+        # consecutive ids one run (see _Recorder.finished)
         ops = self._ops
-        if ops and (last := ops[-1])[0] == "D" and last[1] == gid:
-            last[2].extend(keys)
+        if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
+            runs = last[2]
         else:
-            self._record(("D", gid, keys))
+            runs = []
+            self._record(("E", gid, runs))
+        for priority, i in keys:
+            if runs and runs[-1] == i - 1 and runs[-3] == priority:
+                runs[-1] = i
+            else:
+                runs += (priority, i, i)
 
     def _delivered(self, gid: int, deliveries: Iterable[Delivery]) -> None:
         # ("A", gid, [(priority, id, attempts)]): first deliveries and the like, which
@@ -748,11 +755,17 @@ class _Recorder(GroupRecorder):
             self._sqlite._delivered(gid, deliveries)
 
     def finished(self, message: Message) -> None:
-        # _removed, inlined: this runs once per FIN
+        # _removed, inlined: this runs once per FIN. A consumer finishes in about the
+        # order of delivery, so the next id usually extends the record's last run.
         if (gid := self._gid or self._bound()) is not None:
             store = self._sqlite
             ops = store._ops
-            if ops and (last := ops[-1])[0] == "D" and last[1] == gid:
-                last[2].append((message.priority, message.id))
+            i = message.id
+            if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
+                runs = last[2]
+                if runs[-1] == i - 1 and runs[-3] == message.priority:
+                    runs[-1] = i
+                else:
+                    runs += (message.priority, i, i)
             else:
-                store._record(("D", gid, [(message.priority, message.id)]))
+                store._record(("E", gid, [message.priority, i, i]))

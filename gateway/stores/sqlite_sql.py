@@ -120,9 +120,10 @@ _SPAN = 1 << 20  # a publish's bodies this far after the last ones' start anothe
 # row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end, ends or
 # None for one message). The bodies are a `pickle.PickleBuffer` (the log writes them after
 # the pickle: log.py); `locate` turns them into a `Where` once the frame is written.
-# ("U", (priority, attempts, due, state, gid, priority_was, id)), ("D", gid,
-# [(priority, id)]), ("A", gid, [(priority, id, attempts)]): deliveries, which change
-# attempts only, or a structural one (see `_structural`).
+# ("U", (priority, attempts, due, state, gid, priority_was, id)); ("E", gid, [priority,
+# first, last, ...]): finishes, as runs of ids, flat (logs written before runs have ("D",
+# gid, [(priority, id)])); ("A", gid, [(priority, id, attempts)]): deliveries, which
+# change attempts only; or a structural one (see `_structural`).
 Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
@@ -226,26 +227,29 @@ def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
     return delta
 
 
-_RUN_KINDS = frozenset(("P", "U", "D", "A"))
+_RUN_KINDS = frozenset(("P", "U", "D", "E", "A"))
 
 
 def _segment(db: sqlite3.Connection, ops: list[Op]) -> int:
     """The publishes, changes and finishes between two structural changes."""
     puts: list[Op] = []
     updates: list[_Update] = []
-    deletes: list[tuple[int, int, int]] = []
+    fins: dict[int, list[int]] = {}  # per group: its finishes as runs, flat (see `Op`)
+    for op in ops:
+        kind = op[0]
+        if kind == "E" or kind == "D":
+            gid = op[1]
+            f = fins.get(gid)
+            if f is None:
+                f = fins[gid] = []
+            if kind == "E":
+                f += op[2]
+            else:  # a log written before runs: (priority, id) pairs
+                for p, i in op[2]:
+                    f += (p, i, i)
     # a delivery of a message finished in the same run changes nothing the index keeps:
     # in a queue drained as it is read, that is nearly every delivery
     done: dict[int, set[int]] = {}
-    for op in ops:
-        if op[0] == "D":
-            gid = op[1]
-            keys = op[2]
-            ids = done.get(gid)
-            if ids is None:
-                ids = done[gid] = set()
-            ids.update([i for _, i in keys])
-            deletes += [(gid, p, i) for p, i in keys]
     for op in ops:
         kind = op[0]
         if kind == "P":
@@ -254,12 +258,23 @@ def _segment(db: sqlite3.Connection, ops: list[Op]) -> int:
             updates.append(op[1])
         elif kind == "A":
             gid = op[1]
-            ids = done.get(gid)
-            if ids:
+            f = fins.get(gid)
+            if f:
+                ids = done.get(gid)
+                if ids is None:
+                    ids = done[gid] = _ids(f)
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in ids]
             else:
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
-    return _run(db, puts, updates, deletes)
+    return _run(db, puts, updates, fins, done)
+
+
+def _ids(flat: list[int]) -> set[int]:
+    """The ids of finishes as runs (flat: priority, first, last, ...)."""
+    ids: set[int] = set()
+    for k in range(0, len(flat), 3):
+        ids.update(range(flat[k + 1], flat[k + 2] + 1))
+    return ids
 
 
 class _ByGroup:
@@ -298,7 +313,8 @@ def _run(
     db: sqlite3.Connection,
     puts: list[Op],
     updates: list[_Update],
-    deletes: list[tuple[int, int, int]],
+    fins: dict[int, list[int]],
+    done: dict[int, set[int]],
 ) -> int:
     # one change per message: the last one's fields, and the priority the index has it
     # under (the first one's priority_was)
@@ -307,22 +323,47 @@ def _run(
         key = (u[4], u[6])
         prev = latest.get(key)
         latest[key] = u if prev is None else (*u[:5], prev[5], u[6])
-    # finishes, under the priority the index has: a message changed and finished here is
-    # found where it was before the change, and the change is never written
-    finished: list[tuple[int, int, int]] = []
-    for gid, priority, i in deletes:
-        u = latest.pop((gid, i), None)
-        finished.append((gid, i, priority if u is None else u[5]))
+    if latest and fins:
+        # a message changed and finished here is finished where the index has it (under
+        # the priority before the change), and the change is never written; where its
+        # run says another priority, that finish finds nothing
+        for gid, i in [key for key in latest if key[0] in fins]:
+            ids = done.get(gid)
+            if ids is None:
+                ids = done[gid] = _ids(fins[gid])
+            if i in ids:
+                fins[gid] += (latest.pop((gid, i))[5], i, i)
     written = 0
     if puts:
+        # messages published and finished or changed here: never written (or written as
+        # changed); finishes are taken one by one within the publishes' ids only
+        lo = min([op[2] for op in puts])
+        hi = max([op[2] + op[3] for op in puts])
+        finished: list[tuple[int, int, int]] = []
+        for gid, f in fins.items():
+            outside: list[int] = []
+            for k in range(0, len(f), 3):
+                p, a, b = f[k], f[k + 1], f[k + 2]
+                if b < lo or a >= hi:
+                    outside += (p, a, b)
+                    continue
+                finished += [(gid, i, p) for i in range(max(a, lo), min(b, hi - 1) + 1)]
+                if a < lo:
+                    outside += (p, a, lo - 1)
+                if b >= hi:
+                    outside += (p, hi, b)
+            fins[gid] = outside
         changed = _by_group((gid, i, u) for (gid, i), u in latest.items()) if latest else {}
-        done = _by_group(finished) if finished else {}
-        written = _put(db, puts, changed, done)
+        gone = _by_group(finished) if finished else {}
+        written = _put(db, puts, changed, gone)
         latest = {(gid, i): u for gid, g in changed.items() for i, u in g.items.items()}
-        finished = [(gid, i, p) for gid, g in done.items() for i, p in g.items.items()]
+        for gid, g in gone.items():
+            f = fins.setdefault(gid, [])
+            for i, p in g.items.items():
+                f += (p, i, i)
     if latest:
         _change(db, latest.values())
-    removed = _finish(db, finished) if finished else 0
+    removed = _finish(db, fins) if fins else 0
     return written - removed
 
 
@@ -596,33 +637,72 @@ def _holding(
             yield run, mine
 
 
-def _mask(ids: list[int], start: int) -> int:
-    """The bits of `ids` (ascending) in a run starting at `start`: runs of consecutive ids
-    (what a consumer finishes, mostly) are one shift each."""
-    mask = 0
-    a = prev = ids[0]
-    for i in ids:
-        if i > prev + 1:
-            mask |= ((1 << (prev - a + 1)) - 1) << (a - start)
-            a = i
-        prev = i
-    return mask | ((1 << (prev - a + 1)) - 1) << (a - start)
+def _spanned(
+    db: sqlite3.Connection, gid: int, priority: int, spans: list[tuple[int, int]]
+) -> Iterator[tuple[list[Any], int]]:
+    """Each run of (group, priority) that holds ids of `spans` (first, last), with the
+    mask of those ids in it."""
+    spans = _merged(spans)
+    found: dict[int, list[Any]] = {}
+    k = 0
+    while k < len(spans):  # spans close together: one range scan of the index
+        lo = spans[k][0]
+        j = k
+        while j + 1 < len(spans) and spans[j + 1][0] - spans[j][1] <= _GAP:
+            j += 1
+        head = db.execute(_HEAD, (gid, priority, lo)).fetchone()
+        if head is not None and head[0] + head[1] > lo:
+            found.setdefault(head[0], list(head))
+        for row in db.execute(_AFTER, (gid, priority, lo, spans[j][1])):
+            found.setdefault(row[0], list(row))
+        k = j + 1
+    k = 0
+    for start in sorted(found):
+        run = found[start]
+        end = start + run[1]  # past the run's last id
+        while k < len(spans) and spans[k][1] < start:
+            k += 1
+        mask = 0
+        j = k
+        while j < len(spans) and spans[j][0] < end:
+            a, b = max(spans[j][0], start), min(spans[j][1], end - 1)
+            mask |= ((1 << (b - a + 1)) - 1) << (a - start)
+            j += 1
+        if mask:
+            yield run, mask
 
 
-def _finish(db: sqlite3.Connection, finished: list[tuple[int, int, int]]) -> int:
-    """Take finished messages out of their runs; returns how many were found."""
-    by_key: dict[tuple[int, int], list[int]] = {}
-    for gid, i, priority in finished:
-        by_key.setdefault((gid, priority), []).append(i)
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` (first, last) sorted, the overlapping and adjacent ones joined."""
+    spans.sort()
+    out = [spans[0]]
+    for a, b in spans[1:]:
+        pa, pb = out[-1]
+        if a <= pb + 1:
+            if b > pb:
+                out[-1] = (pa, b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _finish(db: sqlite3.Connection, fins: dict[int, list[int]]) -> int:
+    """Take finished messages (per group, runs of ids: priority, first, last, flat) out of
+    their runs; returns how many were found. A consumer finishes in about the order of
+    delivery: a page of finishes is a run or a few, and this works per run, not per id."""
+    by_key: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for gid, f in fins.items():
+        for k in range(0, len(f), 3):
+            by_key.setdefault((gid, f[k]), []).append((f[k + 1], f[k + 2]))
     released: dict[int, int] = {}
     updates = []
     drops = []
     removed = 0
-    for (gid, priority), ids in by_key.items():
-        for run, mine in _holding(db, gid, priority, ids):
+    for (gid, priority), spans in by_key.items():
+        for run, mask in _spanned(db, gid, priority, spans):
             start, n, gone, left, batch = run[:5]
             old = int.from_bytes(gone, "little") if gone else 0
-            b = _mask(mine, start) & ~old  # those still in the run
+            b = mask & ~old  # those still in the run
             k = b.bit_count()
             if not k:
                 continue

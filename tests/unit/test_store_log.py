@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,32 @@ async def test_a_body_that_fails_its_crc_is_an_error_not_a_wrong_message(tmp_pat
     log_path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="fail their CRC"):
         await SQLiteStore(path).open()
+
+
+async def test_a_log_written_before_bodies_stayed_in_it_is_replayed(tmp_path: Path) -> None:
+    """An earlier gateway's log: bodies inside the pickle, finishes as (priority, id)
+    pairs. A restart replays it into the index, which then holds those bodies itself."""
+    path = tmp_path / "gateway.db"
+    log = Log(path.parent / "gateway.db-log", 1)
+    bodies = [b"one", b"two", b"three"]
+    ends = array("I", accumulate(map(len, bodies))).tobytes()
+    batch = (1_700_000_000_000_000_000, 60.0, "nsq", None, None, None, b"".join(bodies), ends)
+    log.write(
+        encode(
+            [
+                ("T+", 1, "t", 1),
+                ("G+", 2, 1, "g"),
+                ("R", 100),
+                ("P", (2,), 1, 3, 0.0, 0, 0, None, batch),
+                ("D", 2, [(0, 2)]),
+            ]
+        )
+    )
+    log.close()
+    store = SQLiteStore(path)
+    state = await store.open()
+    ready = state.topics["t"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(1, b"one"), (3, b"three")]
+    assert await batch_rows(store) == [(1, 3, False)]
+    await store.close()
+    assert segments(path.parent / "gateway.db-log") == []  # the index holds those bodies
