@@ -210,12 +210,15 @@ class Log:
     """The writing end. `write` runs on the event loop (one `writev` per frame); `sync`
     runs on a thread of the caller's (it fsyncs every segment written since the last sync
     and returns the position that is now on disk). Segments the caller's index holds and
-    has synced go with `retire`."""
+    has synced go with `delete`."""
 
     def __init__(self, directory: Path, first: int) -> None:
         self.directory = directory
         self.segment = first
         self.offset = 0
+        # the segments before the one being written that are on disk (kept here: the
+        # index thread asks after every update, and listing the directory costs more)
+        self._before = [n for n in segments(directory) if n < first]
         self._fd = self._open(first)
         # segments written since their last fsync: their descriptors, closed by sync
         self._unsynced: list[int] = []
@@ -274,6 +277,7 @@ class Log:
         fd = self._open(self.segment + 1)
         with self._lock:
             self._unsynced.append(self._fd)
+            self._before.append(self.segment)
         self._fd = fd
         self.segment += 1
         self.offset = 0
@@ -292,7 +296,8 @@ class Log:
 
     def on_disk(self) -> list[int]:
         """The segments on disk before the one being written, ascending."""
-        return [n for n in segments(self.directory) if n < self.segment]
+        with self._lock:
+            return list(self._before)
 
     def delete(self, numbers: Iterable[int]) -> int:
         """Delete these segments (never the one being written); how many went. Thread
@@ -304,6 +309,8 @@ class Log:
             with contextlib.suppress(FileNotFoundError):
                 segment_path(self.directory, number).unlink()
                 gone += 1
+            with self._lock, contextlib.suppress(ValueError):
+                self._before.remove(number)
         return gone
 
     def remove(self, keep: set[int]) -> None:
