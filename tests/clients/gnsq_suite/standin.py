@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
 # The nsqd version the gateway answers as (gateway/http/stats.py VERSION; a test checks
@@ -146,17 +145,7 @@ class _StderrWriter:
         self._stream = stream
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        # The thread starts with SIGTERM and SIGINT blocked, so that the kernel delivers
-        # them to the main thread: there they interrupt its read of the gateway's stderr
-        # and the handler passes them on. Delivered to this thread instead, the handler
-        # would wait for the main thread's read to return, that is for the gateway's next
-        # log line, which an idle gateway never writes (gnsq's shutdown then hangs).
-        forwarded = {signal.SIGTERM, signal.SIGINT}
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
-        try:
-            self._thread.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        self._thread.start()
 
     def _run(self) -> None:
         while (chunk := self._queue.get()) is not None:
@@ -172,33 +161,55 @@ class _StderrWriter:
         self._thread.join(timeout=10)
 
 
-def _die_with_parent() -> None:
-    """In the gateway child: SIGTERM when the stand-in dies, even by SIGKILL, so that no
-    gateway outlives a killed test run (Linux prctl PR_SET_PDEATHSIG)."""
+# SIGTERM and SIGINT are passed to the gateway. The stand-in blocks them, and SIGCHLD, and
+# its main thread takes them with sigwait: a Python signal handler has to interrupt the
+# main thread's read of the gateway's stderr to run, and now and then it did not until the
+# gateway's next log line, which an idle gateway never writes (gnsq's shutdown then hung
+# until the suite's timeout, about one run of its test_nsqd.py in three under load).
+_STOP = frozenset({signal.SIGTERM, signal.SIGINT})
+_WAITED = _STOP | {signal.SIGCHLD}
+
+
+def _child_setup() -> None:
+    """In the gateway child, before exec: the stand-in's blocked signals unblocked (a
+    signal mask survives exec), and SIGTERM when the stand-in dies, even by SIGKILL, so
+    that no gateway outlives a killed test run (Linux prctl PR_SET_PDEATHSIG)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-class _Signals:
-    """SIGTERM and SIGINT: passed to the gateway once there is one; before, remembered."""
+def _take_signals() -> None:
+    """From here on SIGTERM, SIGINT and SIGCHLD wait for `signal.sigwait` (in this thread
+    and every thread started after). SIGCHLD gets a handler: a blocked signal whose action
+    is to be ignored could be discarded instead of kept pending."""
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
 
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self.child: subprocess.Popen[bytes] | None = None
-        self.event = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._handle)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
-        self.event.set()
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
-
-    def attach(self, child: subprocess.Popen[bytes]) -> None:
-        self.child = child
-        if self.received:
-            child.send_signal(self.received[0])
+def _relay(
+    child: subprocess.Popen[bytes],
+    out: _StderrWriter,
+    name: str,
+    on_listening: Callable[[dict[str, str]], None] | None,
+    expected: int,
+) -> None:
+    """The gateway's stderr, with nsqd's `listening on` lines added (a thread of its own)."""
+    addresses: dict[str, str] = {}
+    assert child.stderr is not None
+    for raw in child.stderr:
+        out.write(raw)
+        match = _LISTENING.match(raw.decode("utf-8", "replace").strip())
+        if match is None:
+            continue
+        protocol = match["protocol"]
+        if protocol in addresses:
+            continue  # a listener bound on several addresses: nsqd logs one
+        addresses[protocol] = match["address"]
+        if protocol in _PROTOCOLS and not (name == "nsqlookupd" and protocol == "https"):
+            out.write(_log_line(name, f"{_PROTOCOLS[protocol]}: listening on {match['address']}"))
+        if on_listening is not None and len(addresses) == expected:
+            on_listening(addresses)
 
 
 def run_gateway(
@@ -210,33 +221,25 @@ def run_gateway(
 ) -> int:
     """Run `gateway serve ARGS`, forwarding its stderr with nsqd's `listening on` lines
     added; `on_listening(addresses)` once `expected` listeners are up. Its exit code."""
-    signals = _Signals()
+    _take_signals()  # before the child exists: a stop that comes first is kept for it
     cmd = [sys.executable, "-m", "gateway", "serve", *args]
-    # started before the writer's thread: preexec_fn runs in the forked child
+    # started before any thread: preexec_fn runs in the forked child
     child = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=_die_with_parent
+        cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=_child_setup
     )
-    signals.attach(child)
     out = _StderrWriter(sys.stderr.buffer)
     out.write(_log_line(name, "gateway stand-in: " + " ".join(cmd)))
-    addresses: dict[str, str] = {}
-    assert child.stderr is not None
+    relay = threading.Thread(
+        target=_relay, args=(child, out, name, on_listening, expected), daemon=True
+    )
+    relay.start()
     try:
-        for raw in child.stderr:
-            out.write(raw)
-            match = _LISTENING.match(raw.decode("utf-8", "replace").strip())
-            if match is None:
-                continue
-            protocol = match["protocol"]
-            if protocol in addresses:
-                continue  # a listener bound on several addresses: nsqd logs one
-            addresses[protocol] = match["address"]
-            if protocol in _PROTOCOLS and not (name == "nsqlookupd" and protocol == "https"):
-                out.write(
-                    _log_line(name, f"{_PROTOCOLS[protocol]}: listening on {match['address']}")
-                )
-            if on_listening is not None and len(addresses) == expected:
-                on_listening(addresses)
+        while child.poll() is None:
+            # a timeout too: a SIGCHLD merged with another is not missed for long
+            signum = signal.sigtimedwait(_WAITED, 1.0)
+            if signum is not None and signum.si_signo in _STOP:
+                child.send_signal(signum.si_signo)
+        relay.join(timeout=10)
         return child.wait()
     finally:
         if child.poll() is None:
@@ -284,7 +287,7 @@ def nsqd(flags: dict[str, list[str]]) -> int:
 
 def _registered_nsqd(lookupd: str) -> int:
     """An nsqd registered with an nsqlookupd stand-in: that stand-in's gateway."""
-    signals = _Signals()
+    _take_signals()
     path = _registry_file(lookupd)
     try:
         addresses = json.loads(path.read_text())
@@ -297,7 +300,7 @@ def _registered_nsqd(lookupd: str) -> int:
             line = f"{_PROTOCOLS[listener]}: listening on {addresses[listener]}"
             sys.stderr.buffer.write(_log_line("nsqd", line))
     sys.stderr.flush()
-    while not signals.event.wait(1):
+    while signal.sigtimedwait(_STOP, 1.0) is None:
         if not path.exists():  # the lookupd (and so this nsqd) is gone
             return 1
     return 0
