@@ -36,6 +36,7 @@ import trio
 
 from gateway.model import Message
 from gateway.stores import sqlite_read as read
+from gateway.stores import sqlite_segments as segs
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
     Delivery,
@@ -46,14 +47,7 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
-from gateway.stores.log import (
-    Bodies,
-    Log,
-    Position,
-    encode,
-    segment_path,
-    segments,
-)
+from gateway.stores.log import Bodies, Log, Position, encode, segments
 from gateway.stores.sqlite_open import (
     TopicIds,
     Written,
@@ -62,6 +56,7 @@ from gateway.stores.sqlite_open import (
     recover,
     replay_into,
 )
+from gateway.stores.sqlite_runs import BURIED, READY
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -153,7 +148,7 @@ class SQLiteStore(Store):
             first = max([held[0], *on_disk]) + 1
             self._log = Log(self.log_dir, first)
             # the index holds every segment on disk: those no queued body is in can go
-            self._retire(db, first, sql.pinned(db))
+            segs.retire(db, self._log, self._bodies, first, segs.pinned(db))
             self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
@@ -223,7 +218,7 @@ class SQLiteStore(Store):
         gid = t.groups.get(group) if t is not None else None
         if gid is None:
             return  # deleted with its topic or group (as in remove)
-        state = sql.BURIED if buried else sql.READY
+        state = BURIED if buried else READY
         priority = message.priority
         was = priority if priority_was is None else priority_was
         self._record(("U", (priority, message.attempts, due, state, gid, was, message.id)))
@@ -560,7 +555,7 @@ class SQLiteStore(Store):
             # a failed apply whose ROLLBACK failed too (an I/O error): its records are
             # kept and come again; without this, every BEGIN would fail for ever
             db.execute("ROLLBACK")
-        ops = [op for records, seg, starts in frames for op in sql.locate(records, seg, starts)]
+        ops = [op for records, seg, starts in frames for op in segs.locate(records, seg, starts)]
         db.execute("BEGIN")
         try:
             delta = sql.apply(db, ops)
@@ -573,53 +568,15 @@ class SQLiteStore(Store):
             raise
         self._stats.messages_on_disk += delta
         if self._log is not None:
-            # the common case, cheap: segments before every queued body (`_compact` finds
-            # the others, every few seconds)
-            oldest = db.execute(sql.OLDEST_PINNED).fetchone()[0]
-            self._retire(db, position[0] if oldest is None else min(oldest, position[0]))
-
-    def _retire(self, db: sqlite3.Connection, held: int, pinned: set[int] = frozenset()) -> None:
-        """Delete the segments before `held` (the index holds their records) but `pinned`
-        (queued bodies are in them). Index thread."""
-        log_ = self._log
-        assert log_ is not None
-        gone = [n for n in log_.on_disk() if n < held and n not in pinned]
-        if gone:
-            # the index must keep what the deleted segments held through a power cut:
-            # a checkpoint fsyncs its WAL, then its file
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            log_.delete(gone)
-            self._bodies.forget(gone)
+            # the common case, cheap: the segments before every queued body (`_compact`
+            # finds the others, every 30 s)
+            segs.retire(db, self._log, self._bodies, position[0])
 
     def _compact(self) -> None:
-        """Delete the segments the index holds that no queued body is in; then, while the
-        log is large, move the bodies still queued in an old segment that is mostly
-        finished into the index, so that the segment can go: a few long-lived messages
-        (deferred, buried, a slow group) must not keep whole segments (bitcask's merge; a
-        segment per pass bounds the work). Index thread."""
-        log_ = self._log
-        db = self._db
-        if log_ is None or db is None:
-            return
-        pinned = sql.pinned(db)
-        held = db.execute(sql.GET_LOG_POSITION).fetchall()
-        self._retire(db, dict(held).get("log_segment", 0), pinned)
-        on_disk = log_.on_disk()
-        if len(on_disk) < 2 or log_.size() < _COMPACT_FROM:
-            return
-        live = dict(db.execute(sql.LIVE_BYTES, (log_.segment,)))
-        for number in on_disk:
-            size = live.get(number)
-            if size is None:
-                continue
-            with contextlib.suppress(OSError):
-                if 2 * size < segment_path(self.log_dir, number).stat().st_size:
-                    sql.compact(db, self._bodies, number)
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    log_.delete([number])
-                    self._bodies.forget([number])
-                    log.info("store log segment %d compacted: %d bytes moved", number, size)
-                    return
+        """Segments no queued body is in, and compaction (sqlite_segments.compact)."""
+        if self._log is not None and self._db is not None:
+            held = dict(self._db.execute(sql.GET_LOG_POSITION).fetchall()).get("log_segment", 0)
+            segs.compact(self._db, self._log, self._bodies, held, _COMPACT_FROM)
 
     def _maintain(self) -> bool:
         """Give finished messages' pages back to the file system, a bounded amount at a
@@ -713,7 +670,7 @@ class SQLiteStore(Store):
                     synced = log_.sync()
                     db.executemany(sql.SET_META, zip(sql.LOG_KEYS[2:], synced, strict=True))
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                pinned = sql.pinned(db)
+                pinned = segs.pinned(db)
             db.close()
         self._bodies.close()
         if log_ is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.stores import sqlite_read as read
+from gateway.stores import sqlite_segments as segs
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
 from gateway.stores.log import Bodies, Position, replay, segment_path, segments
@@ -133,7 +134,7 @@ def replay_into(
         finally:
             os.close(fd)
     synced: Position = (rows.get("synced_segment", 0), rows.get("synced_offset", 0))
-    lost = sql.drop_lost(db, bodies, synced)
+    lost = segs.drop_lost(db, bodies, synced)
     if lost:
         log.warning(
             "store %s: %d messages whose bodies were written after the log's last fsync"

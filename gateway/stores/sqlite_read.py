@@ -14,7 +14,8 @@ from typing import Any
 
 from gateway.model import Message
 from gateway.stores.log import Bodies
-from gateway.stores.sqlite_sql import COLS, batch_bodies, tries_of
+from gateway.stores.sqlite_runs import COLS, tries_of
+from gateway.stores.sqlite_segments import batch_bodies
 
 _BATCH = (
     "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps,"

@@ -1,6 +1,7 @@
 """The durable store's index: its tables and the worker thread's side, applying the log's
-records (reading them back is sqlite_read.py). Nothing here runs on the event loop but
-`put_record`, which makes a publish's record.
+records (the runs' side of it is sqlite_runs.py, the log segments' sqlite_segments.py;
+reading back is sqlite_read.py). Nothing here runs on the event loop but `put_record`,
+which makes a publish's record.
 
 Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish: where its bodies are, end to end (`ends`: where each
@@ -29,12 +30,11 @@ they are, and its batches keep their bodies.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from pickle import PickleBuffer
 from typing import Any
@@ -42,7 +42,8 @@ from typing import Any
 from crc32c import crc32c
 
 from gateway.model import Message, Publish
-from gateway.stores.log import Bodies
+from gateway.stores import sqlite_runs as runs
+from gateway.stores.sqlite_runs import READY
 
 # a publish's bodies in the log: segment, offset, the bodies themselves (a view of the
 # frame, for their CRC-32C), where each body starts (from offset; None: end to end) and
@@ -91,26 +92,15 @@ COMMIT;
 """
 
 VERSION = 3  # PRAGMA user_version of this format
-READY, BURIED = 0, 1
 RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
-# a run, as the code below reads it
-COLS = "id, n, gone, left, batch, attempts, due, state, tries"
-_HEAD = (
-    f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id <= ? ORDER BY id DESC LIMIT 1"
-)
-_AFTER = (
-    f"SELECT {COLS} FROM runs WHERE grp = ? AND priority = ? AND id > ? AND id <= ? ORDER BY id"
-)
-_INSERT = "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_BATCH = (
     "INSERT INTO batches (id, last, ts, ttr, origin, reply_to, headers, header_block, bodies,"
     " ends, refs, stamps, seg, off, size, crc, starts)"
     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-_GAP = 4096  # ids further apart than this are looked up in the index separately
 _SPAN = 1 << 20  # a publish's bodies this far after the last ones' start another batch
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
@@ -127,10 +117,6 @@ _SPAN = 1 << 20  # a publish's bodies this far after the last ones' start anothe
 Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
-# the segments queued bodies are in; the bytes of queued bodies in each segment before one
-LIVE_BYTES = "SELECT seg, sum(size) FROM batches WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
-OLDEST_PINNED = "SELECT min(seg) FROM batches WHERE seg IS NOT NULL"  # the partial index
-_NEXT_PINNED = "SELECT min(seg) FROM batches WHERE seg > ?"
 # meta: the log position the index holds up to, and the one the log was fsynced to then
 LOG_KEYS = ("log_segment", "log_offset", "synced_segment", "synced_offset")
 GET_LOG_POSITION = (
@@ -168,44 +154,6 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
         first.timestamp, first.ttr, first.origin, first.reply_to, headers, block, bodies, ends
     )  # fmt: skip
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
-
-
-def tries_of(blob: bytes) -> dict[int, int]:
-    pairs = array("I")
-    pairs.frombytes(blob)
-    return dict(zip(pairs[::2], pairs[1::2], strict=True))
-
-
-def tries_blob(counts: dict[int, int]) -> bytes | None:
-    if not counts:
-        return None
-    pairs = array("I")
-    for k in sorted(counts):
-        pairs.extend((k, counts[k]))
-    return pairs.tobytes()
-
-
-def locate(ops: list[Op], segment: int, starts: list[int]) -> list[Op]:
-    """The records of one frame with each publish's bodies (out-of-band buffers, in the
-    order the frame holds them, starting at `starts` of `segment`) replaced by where they
-    are (index thread)."""
-    if not starts:
-        return ops
-    out: list[Op] = []
-    at = iter(starts)
-    for op in ops:
-        if op[0] == "P":
-            batch = op[8]
-            bodies = batch[6]
-            if not isinstance(bodies, bytes):  # an out-of-band buffer (or its view)
-                view = memoryview(bodies)
-                where = (segment, next(at), view, None, view.nbytes)
-                op = (*op[:8], (*batch[:6], where, batch[7]))
-        out.append(op)
-    return out
-
-
-# -- applying the log's records ---------------------------------------------------
 
 
 def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
@@ -362,8 +310,8 @@ def _run(
             for i, p in g.items.items():
                 f += (p, i, i)
     if latest:
-        _change(db, latest.values())
-    removed = _finish(db, fins) if fins else 0
+        runs.change(db, latest.values())
+    removed = runs.finish(db, fins) if fins else 0
     return written - removed
 
 
@@ -409,7 +357,7 @@ def _put(
                         refs += 1
                 continue
             run = (gid, priority, first, n, first, attempts, due, READY)
-            refs += _pieces(run, bits, cuts, run_rows, counts)
+            refs += runs.pieces(run, bits, cuts, run_rows, counts)
         written += refs
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
@@ -431,7 +379,7 @@ def _put(
     if batch_rows:
         db.executemany(_INSERT_BATCH, batch_rows)
     if run_rows:
-        db.executemany(_INSERT, run_rows)
+        db.executemany(runs.INSERT, run_rows)
     return written
 
 
@@ -492,85 +440,6 @@ def _coalesced(puts: list[Op]) -> list[Op]:
     return out
 
 
-def compact(db: sqlite3.Connection, log: Bodies, segment: int) -> None:
-    """Move the bodies of every batch in `segment` into its row (one transaction)."""
-    rows = db.execute(
-        "SELECT id, off, size, crc, starts, ends FROM batches WHERE seg = ?", (segment,)
-    ).fetchall()
-    moved = [(batch_bodies(log, segment, *row[1:]), row[0]) for row in rows]
-    db.execute("BEGIN")
-    try:
-        db.executemany(
-            "UPDATE batches SET bodies = ?, seg = NULL, starts = NULL WHERE id = ?", moved
-        )
-        db.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
-        raise
-
-
-def pinned(db: sqlite3.Connection) -> set[int]:
-    """The segments queued bodies are in: one index lookup per segment, not a scan."""
-    out: set[int] = set()
-    seg = db.execute(OLDEST_PINNED).fetchone()[0]
-    while seg is not None:
-        out.add(seg)
-        seg = db.execute(_NEXT_PINNED, (seg,)).fetchone()[0]
-    return out
-
-
-def drop_lost(db: sqlite3.Connection, log: Bodies, synced: tuple[int, int]) -> int:
-    """Drop the batches whose bodies are past `synced` (the log was fsynced up to there
-    when the index last changed) and are not in the log as written: a power cut took them
-    (so they were never acknowledged under "always", and within the last interval under
-    an interval policy). Returns how many messages went with them."""
-    seg, off = synced
-    lost = []
-    for row in db.execute(
-        "SELECT id, seg, off, size, crc, starts, ends FROM batches"
-        " WHERE seg > ? OR (seg = ? AND off + size > ?)",
-        (seg, seg, off),
-    ).fetchall():
-        batch = row[0]
-        try:
-            batch_bodies(log, *row[1:])
-        except OSError:
-            lost.append((batch,))
-    if not lost:
-        return 0
-    db.execute("BEGIN")
-    gone = sum(
-        db.execute("SELECT coalesce(sum(left), 0) FROM runs WHERE batch = ?", b).fetchone()[0]
-        for b in lost
-    )
-    db.executemany("DELETE FROM runs WHERE batch = ?", lost)
-    db.executemany("DELETE FROM batches WHERE id = ?", lost)
-    db.execute("COMMIT")
-    return gone
-
-
-def batch_bodies(
-    log: Bodies, seg: int, off: int, size: int, crc: int, starts: bytes | None, ends: bytes
-) -> bytes:
-    """A batch's bodies end to end, read from the log (`size` bytes from `off`; `starts`:
-    where each starts, when other bytes are between them). OSError if they are not what
-    was written."""
-    data = log.read(seg, off, size)
-    if starts is not None:
-        at = array("I")
-        at.frombytes(starts)
-        stops = array("I")
-        stops.frombytes(ends)
-        view = memoryview(data)
-        data = b"".join(
-            [view[a : a + e - b] for a, b, e in zip(at, [0, *stops[:-1]], stops, strict=True)]
-        )
-    if crc32c(data) != crc:
-        raise OSError(f"store log segment {seg}: the bodies at {off} fail their CRC")
-    return data
-
-
 def _adjacent(before: Any, after: Any) -> bool:
     """Whether two publishes' bodies can be one batch's: both held here, or both in one
     segment of the log, the second after the first (other frames' bytes may be between
@@ -582,258 +451,6 @@ def _adjacent(before: Any, after: Any) -> bool:
             and before[1] < after[1] < before[1] + _SPAN
         )
     return type(after) is not tuple
-
-
-def _covering(db: sqlite3.Connection, gid: int, priority: int, ids: list[int]) -> list[list[Any]]:
-    """The runs of (group, priority) that hold `ids` (ascending), in id order, as lists
-    of their columns (`COLS`), each read once."""
-    found: dict[int, list[Any]] = {}
-    k = 0
-    while k < len(ids):
-        lo = ids[k]
-        j = k
-        while j + 1 < len(ids) and ids[j + 1] - ids[j] <= _GAP:
-            j += 1
-        head = db.execute(_HEAD, (gid, priority, lo)).fetchone()
-        if head is not None and head[0] + head[1] > lo:
-            found.setdefault(head[0], list(head))
-        for row in db.execute(_AFTER, (gid, priority, lo, ids[j])):
-            found.setdefault(row[0], list(row))
-        k = j + 1
-    return [found[start] for start in sorted(found)]
-
-
-def _assign(runs: list[list[Any]], ids: list[int]) -> dict[int, list[int]]:
-    """Which of `runs` (ascending, disjoint) holds each of `ids` (ascending), by the run's
-    first id; an id no run's range holds is left out. One pass over both."""
-    out: dict[int, list[int]] = {}
-    k = 0
-    count = len(runs)
-    for i in ids:
-        while k < count and runs[k][0] + runs[k][1] <= i:
-            k += 1
-        if k == count:
-            break
-        start = runs[k][0]
-        if i >= start:
-            held = out.get(start)
-            if held is None:
-                out[start] = [i]
-            else:
-                held.append(i)
-    return out
-
-
-def _holding(
-    db: sqlite3.Connection, gid: int, priority: int, ids: list[int]
-) -> Iterator[tuple[list[Any], list[int]]]:
-    """Each run of (group, priority) that holds some of `ids`, with those ids (ascending)."""
-    ids.sort()
-    runs = _covering(db, gid, priority, ids)
-    held = _assign(runs, ids)
-    for run in runs:
-        mine = held.get(run[0])
-        if mine:
-            yield run, mine
-
-
-def _spanned(
-    db: sqlite3.Connection, gid: int, priority: int, spans: list[tuple[int, int]]
-) -> Iterator[tuple[list[Any], int]]:
-    """Each run of (group, priority) that holds ids of `spans` (first, last), with the
-    mask of those ids in it."""
-    spans = _merged(spans)
-    found: dict[int, list[Any]] = {}
-    k = 0
-    while k < len(spans):  # spans close together: one range scan of the index
-        lo = spans[k][0]
-        j = k
-        while j + 1 < len(spans) and spans[j + 1][0] - spans[j][1] <= _GAP:
-            j += 1
-        head = db.execute(_HEAD, (gid, priority, lo)).fetchone()
-        if head is not None and head[0] + head[1] > lo:
-            found.setdefault(head[0], list(head))
-        for row in db.execute(_AFTER, (gid, priority, lo, spans[j][1])):
-            found.setdefault(row[0], list(row))
-        k = j + 1
-    k = 0
-    for start in sorted(found):
-        run = found[start]
-        end = start + run[1]  # past the run's last id
-        while k < len(spans) and spans[k][1] < start:
-            k += 1
-        mask = 0
-        j = k
-        while j < len(spans) and spans[j][0] < end:
-            a, b = max(spans[j][0], start), min(spans[j][1], end - 1)
-            mask |= ((1 << (b - a + 1)) - 1) << (a - start)
-            j += 1
-        if mask:
-            yield run, mask
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """`spans` (first, last) sorted, the overlapping and adjacent ones joined."""
-    spans.sort()
-    out = [spans[0]]
-    for a, b in spans[1:]:
-        pa, pb = out[-1]
-        if a <= pb + 1:
-            if b > pb:
-                out[-1] = (pa, b)
-        else:
-            out.append((a, b))
-    return out
-
-
-def _finish(db: sqlite3.Connection, fins: dict[int, list[int]]) -> int:
-    """Take finished messages (per group, runs of ids: priority, first, last, flat) out of
-    their runs; returns how many were found. A consumer finishes in about the order of
-    delivery: a page of finishes is a run or a few, and this works per run, not per id."""
-    by_key: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for gid, f in fins.items():
-        for k in range(0, len(f), 3):
-            by_key.setdefault((gid, f[k]), []).append((f[k + 1], f[k + 2]))
-    released: dict[int, int] = {}
-    updates = []
-    drops = []
-    removed = 0
-    for (gid, priority), spans in by_key.items():
-        for run, mask in _spanned(db, gid, priority, spans):
-            start, n, gone, left, batch = run[:5]
-            old = int.from_bytes(gone, "little") if gone else 0
-            b = mask & ~old  # those still in the run
-            k = b.bit_count()
-            if not k:
-                continue
-            removed += k
-            released[batch] = released.get(batch, 0) + k
-            if left == k:
-                drops.append((gid, priority, start))
-            else:
-                bits = (old | b).to_bytes((n + 7) // 8, "little")
-                updates.append((bits, left - k, gid, priority, start))
-    if drops:
-        db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
-    if updates:
-        db.executemany(
-            "UPDATE runs SET gone = ?, left = ? WHERE grp = ? AND priority = ? AND id = ?",
-            updates,
-        )
-    _release(db, released)
-    return removed
-
-
-def _change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:
-    """Messages whose fields changed: a run of one is changed (or moved, for another
-    priority) in place; a longer run is split around each changed message, which gets a
-    run of its own."""
-    by_key: dict[tuple[int, int], dict[int, _Update]] = {}
-    for u in changes:
-        by_key.setdefault((u[4], u[5]), {})[u[6]] = u
-    drops = []
-    inserts: list[tuple[Any, ...]] = []
-    in_place = []
-    noted = []
-    for (gid, was), ups in by_key.items():
-        for run, mine in _holding(db, gid, was, list(ups)):
-            start, n, gone, _left, batch, attempts, due, state, tries = run
-            bits = int.from_bytes(gone, "little") if gone else 0
-            out = [i for i in mine if not bits >> (i - start) & 1] if bits else mine
-            if not out:
-                continue
-            if n == 1:  # a run of one: changed where it is, or moved to its new priority
-                u = ups[start]
-                if u[0] == was:
-                    in_place.append((u[1], u[2], u[3], gid, was, start))
-                else:
-                    drops.append((gid, was, start))
-                    inserts.append((gid, u[0], start, 1, batch, u[1], u[2], u[3], None, 1, None))
-                continue
-            counts = tries_of(tries) if tries else {}
-            moving = []
-            for i in out:
-                u = ups[i]
-                if u[0] == was and u[2] == due and u[3] == state:
-                    counts[i - start] = u[1]  # attempts only (a delivery): noted in the run
-                else:
-                    moving.append(i)
-                    inserts.append((gid, u[0], i, 1, batch, u[1], u[2], u[3], None, 1, None))
-            if not moving:
-                noted.append((tries_blob(counts), gid, was, start))
-                continue
-            drops.append((gid, was, start))
-            _pieces(
-                (gid, was, start, n, batch, attempts, due, state), bits, moving, inserts, counts
-            )
-    if in_place:
-        db.executemany(
-            # a run of one that was cut from a longer one may still carry its noted count
-            "UPDATE runs SET attempts = ?, due = ?, state = ?, tries = NULL"
-            " WHERE grp = ? AND priority = ? AND id = ?",
-            in_place,
-        )
-    if noted:
-        db.executemany("UPDATE runs SET tries = ? WHERE grp = ? AND priority = ? AND id = ?", noted)
-    if drops:
-        db.executemany("DELETE FROM runs WHERE grp = ? AND priority = ? AND id = ?", drops)
-    if inserts:
-        db.executemany(_INSERT, inserts)
-
-
-def _pieces(
-    run: tuple[Any, ...],
-    bits: int,
-    cuts: list[int],
-    rows: list[tuple[Any, ...]],
-    counts: dict[int, int] | None = None,
-) -> int:
-    """The rows of a run (its key and fields, `bits` gone, `counts` its noted attempts)
-    without the messages `cuts` (ascending), which leave it: the pieces between them,
-    appended to `rows`, so that the runs of a (group, priority) never overlap. Returns how
-    many messages they hold."""
-    gid, priority, start, n, batch, attempts, due, state = run
-    held = 0
-    piece = start
-    for cut in [*cuts, start + n]:
-        size = cut - piece
-        if size > 0:
-            pbits = bits >> (piece - start) & ((1 << size) - 1)
-            left = size - pbits.bit_count()
-            if left:
-                gone = pbits.to_bytes((size + 7) // 8, "little") if pbits else None
-                at = piece - start
-                tries = None
-                count = attempts
-                if size == 1:  # a run of one keeps its attempts in its own column
-                    count = counts.get(at, attempts) if counts else attempts
-                elif counts:
-                    tries = tries_blob(
-                        {k - at: a for k, a in counts.items() if at <= k < at + size}
-                    )
-                row = (gid, priority, piece, size, batch, count, due, state, gone, left, tries)
-                rows.append(row)
-                held += left
-        piece = cut + 1
-    return held
-
-
-def _release(db: sqlite3.Connection, released: dict[int, int]) -> None:
-    """Each batch's `refs` goes down by its count; a batch none is left in goes."""
-    if released:
-        rows = [(count, batch) for batch, count in released.items()]
-        db.executemany("DELETE FROM batches WHERE refs <= ? AND id = ?", rows)
-        db.executemany("UPDATE batches SET refs = refs - ? WHERE id = ?", rows)
-
-
-def _drop_runs(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> int:
-    """Delete the runs `where` selects (whole groups); returns how many messages went."""
-    released = dict(
-        db.execute(f"SELECT batch, sum(left) FROM runs WHERE {where} GROUP BY batch", args)
-    )
-    db.execute(f"DELETE FROM runs WHERE {where}", args)
-    _release(db, released)
-    return sum(released.values())
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
@@ -866,19 +483,19 @@ def _structural(db: sqlite3.Connection, op: Op) -> int:
                 added += db.execute(
                     "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ?", (gid,)
                 ).fetchone()[0]
-        return added - _drop_runs(db, "grp = ?", (backlog,))
+        return added - runs.drop_runs(db, "grp = ?", (backlog,))
     elif kind == "G-":
-        gone = _drop_runs(db, "grp = ?", (op[1],))
+        gone = runs.drop_runs(db, "grp = ?", (op[1],))
         db.execute("DELETE FROM groups WHERE id = ?", (op[1],))
         return -gone
     elif kind == "T-":
         tid = op[1]
-        gone = _drop_runs(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,))
+        gone = runs.drop_runs(db, "grp IN (SELECT id FROM groups WHERE topic = ?)", (tid,))
         db.execute("DELETE FROM groups WHERE topic = ?", (tid,))
         db.execute("DELETE FROM topics WHERE id = ?", (tid,))
         return -gone
     elif kind == "C":
-        return -_drop_runs(db, "grp = ?", (op[1],))
+        return -runs.drop_runs(db, "grp = ?", (op[1],))
     elif kind == "PT":
         db.execute("UPDATE topics SET paused = ? WHERE id = ?", (op[2], op[1]))
     elif kind == "PG":
