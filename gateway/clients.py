@@ -58,9 +58,10 @@ class ClientInfo:
     pub_counts: tuple[tuple[str, int], ...] = ()  # (topic, messages) in first-publish order
 
     @staticmethod
-    def worker(remote: str, protocol: str) -> ClientInfo:
-        """Another protocol's worker (beanstalkd, RocketMQ): its address and protocol;
-        its window figures are its consumer's, which /stats reads from the broker."""
+    def worker(remote: str, protocol: str, connect_ts: int) -> ClientInfo:
+        """Another protocol's worker (beanstalkd, RocketMQ): its address, protocol and
+        when it connected (Unix seconds); its window figures are its consumer's, which
+        /stats reads from the broker."""
         return ClientInfo(
             client_id=remote.rsplit(":", 1)[0].strip("[]"),
             hostname="",
@@ -72,7 +73,7 @@ class ClientInfo:
             message_count=0,
             finish_count=0,
             requeue_count=0,
-            connect_ts=0,
+            connect_ts=connect_ts,
             sample_rate=0,
             deflate=False,
             snappy=False,

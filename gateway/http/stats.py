@@ -93,7 +93,7 @@ def client_stats(consumer: query.ConsumerInfo, topic_filter: str = "") -> dict[s
     broker (a beanstalkd worker has a consumer per tube, each with its own)."""
     info = consumer.client
     if info is None:  # a sink that is no session (a test's)
-        info = ClientInfo.worker(consumer.address, "unknown")
+        info = ClientInfo.worker(consumer.address, "unknown", int(time.time()))
     return _client(info, topic_filter, consumer.ready, consumer.in_flight)
 
 

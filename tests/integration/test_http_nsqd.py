@@ -661,6 +661,8 @@ async def test_stats_lists_every_group_whatever_protocol_made_it() -> None:
         (worker_stats,) = ch["clients"]
         assert list(worker_stats) == CLIENT_KEYS
         assert (worker_stats["version"], worker_stats["in_flight_count"]) == ("beanstalk", 1)
+        # connected when it connected (nsqadmin shows how long ago), not at the epoch
+        assert abs(worker_stats["connect_ts"] - gw.broker.started_at) < 60
         # nsqlookupd lists the tube too: its name is a valid NSQ topic
         assert (await client.get("/lookup?topic=jobs")).json()["channels"] == ["beanstalk"]
         await worker.aclose()

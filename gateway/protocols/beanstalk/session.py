@@ -354,7 +354,7 @@ class BeanstalkSession:
 
     def client_info(self) -> ClientInfo:
         """What /stats shows of this worker (its windows are its consumers')."""
-        return ClientInfo.worker(self.remote, self.protocol)
+        return ClientInfo.worker(self.remote, self.protocol, int(self.conn.opened))
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         """Called by the broker: a job for this connection. A take or a reserve-job

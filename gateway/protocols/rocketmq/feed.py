@@ -120,6 +120,7 @@ class GroupFeed:
         self.recent: OrderedDict[int, Message] = OrderedDict()
         self._recent_max = window
         self.remote = ""  # what the admin page shows as the consumer's address
+        self.created = int(time.time())  # /stats' connect_ts: the feed is the consumer
         self.consumer: Consumer = group.attach(self, NO_TIMEOUT)
         self.consumer.set_ready(window)
 
@@ -131,7 +132,7 @@ class GroupFeed:
 
     def client_info(self) -> ClientInfo:
         """What /stats shows of this consumer group's feed."""
-        return ClientInfo.worker(self.remote, self.protocol)
+        return ClientInfo.worker(self.remote, self.protocol, self.created)
 
     def deliver(self, message: Message, consumer: Consumer) -> bool:
         if message.ttr:
