@@ -128,8 +128,7 @@ def test_lookupd_addresses_are_checked_and_named_as_given(
     assert check(tmp_path, capsys, text) == (
         1,
         [
-            "gw.toml:nsqd.lookupd_tcp_addresses: address must be host:port or 'off',"
-            " got 'nowhere'",
+            "gw.toml:nsqd.lookupd_tcp_addresses: address must be host:port or 'off', got 'nowhere'",
             "gw.toml: 1 error(s)",
         ],
     )
