@@ -20,13 +20,16 @@ from gateway import __version__, node
 from gateway.addresses import Address, format_address, is_loopback
 from gateway.broker import Broker
 from gateway.config import Settings
+from gateway.http import stats as nsqd_stats
 from gateway.http.history import History
+from gateway.http.nsqd import broadcast_address, port_of
 from gateway.http.server import listeners as http_listeners
 from gateway.listeners import HTTPListener, Listener, Service
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk import listener as beanstalk_listener
 from gateway.protocols.nats import listener as nats_listener
 from gateway.protocols.nsq import listener as nsq_listener
+from gateway.protocols.nsq.lookupd import Identity
 from gateway.protocols.rocketmq import listener as rocketmq_listener
 from gateway.stores import Store, open_store
 from gateway.tcp import ConnectionLimits
@@ -99,10 +102,12 @@ class Gateway:
         nats = nats_listener.service(s, broker, metrics, tls)
         cluster = nats_listener.cluster_service(s, broker, metrics, tls, nats.server)
         rocketmq = rocketmq_listener.service(s, broker, metrics)
+        lookupd = nsq_listener.lookupd_service(s, broker, metrics, self._nsqd_identity)
         # the cluster's hooks first: it counts interest from before any group is made
         # (beanstalkd's default tube), in the order the groups come
-        self.services: list[Service[Any]] = [cluster, nsq, beanstalk, nats, rocketmq]
+        self.services: list[Service[Any]] = [cluster, nsq, lookupd, beanstalk, nats, rocketmq]
         self.nsq = nsq.server
+        self.lookupd = lookupd.server
         self.beanstalk = beanstalk.server
         self.nats = nats.server
         self.cluster = cluster.server
@@ -117,6 +122,16 @@ class Gateway:
             *rocketmq.listeners,
             *http_listeners(self, self.tls),
         ]
+
+    def _nsqd_identity(self) -> Identity:
+        """Who the gateway is to an nsqlookupd: what /info and /lookup say of it too."""
+        return Identity(
+            broadcast_address=broadcast_address(self),
+            tcp_port=port_of(self, "nsq"),
+            http_port=port_of(self, "http"),
+            hostname=self.nsq.hostname,
+            version=nsqd_stats.VERSION,
+        )
 
     # the certificate pairs that SIGHUP reloads (gateway.cli)
     @property

@@ -61,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
         serve.add_argument(
             f"--{name}", metavar="ADDR", help="host:port, port 0 = any free port, 'off' = disabled"
         )
+    serve.add_argument(
+        "--lookupd-tcp-address",
+        metavar="ADDR",
+        action="append",
+        help="nsqlookupd TCP address (host:port) to register with, as nsqd; repeatable",
+    )
+    serve.add_argument(
+        "--broadcast-address",
+        metavar="HOST",
+        help="the address NSQ clients and nsqlookupd are told to reach the gateway at "
+        "(default: the NSQ listener's host, or the hostname)",
+    )
     serve.add_argument("--nats-routes", metavar="URL[,URL...]")
     serve.add_argument("--nats-cluster", metavar="NAME")
     serve.add_argument("--tls-cert", metavar="FILE")
@@ -97,6 +109,13 @@ def _flags(args: argparse.Namespace) -> dict[str, object]:
     }
     for name in _LISTENER_FLAGS:
         flags[name.replace("-", "_")] = getattr(args, name.replace("-", "_"))
+    nsqd: dict[str, object] = {}
+    if args.lookupd_tcp_address:
+        nsqd["lookupd_tcp_addresses"] = args.lookupd_tcp_address
+    if args.broadcast_address:
+        nsqd["broadcast_address"] = args.broadcast_address
+    if nsqd:
+        flags["nsqd"] = nsqd
     if args.nats_routes:
         flags["nats_routes"] = [u.strip() for u in args.nats_routes.split(",") if u.strip()]
     return flags

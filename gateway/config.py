@@ -73,6 +73,18 @@ class NSQDSettings(_Section):
     # endpoints list). nsqd's default is the hostname; unset here, it is the NSQ listener's
     # host when that is a specific address (a sidecar on 127.0.0.1), else the hostname.
     broadcast_address: str | None = None
+    # nsqlookupd TCP addresses (host:port, nsqd's repeatable --lookupd-tcp-address) the
+    # gateway registers with, as nsqd does: every topic and group NSQ can name
+    lookupd_tcp_addresses: list[str] = Field(default_factory=list)
+
+    @field_validator("lookupd_tcp_addresses")
+    @classmethod
+    def _lookupd_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            _, port = parse_address(address)
+            if port == 0:
+                raise ValueError(f"an nsqlookupd address needs its port, got {address!r}")
+        return value
 
 
 class BeanstalkSettings(_Section):
@@ -302,6 +314,14 @@ class Settings(_Section):
             raise pair_error("tls_cert", "tls_key", "a certificate needs its private key")
         if self.tls_key is not None and self.tls_cert is None:
             raise pair_error("tls_key", "tls_cert", "a private key needs its certificate")
+        if self.nsqd.lookupd_tcp_addresses and OFF in (self.nsq, self.http):
+            # nsqlookupd refuses a producer without both ports (E_BAD_BODY), and a consumer
+            # it sent here could not connect
+            raise setting_error(
+                "nsqd.lookupd_tcp_addresses",
+                "needs the NSQ and HTTP listeners (nsq and http not off): the lookupd"
+                " tells consumers and nsqadmin to reach the gateway there",
+            )
         own = self.tls_settings.beanstalk
         if self.beanstalk_tls != OFF and self.tls_cert is None and (own is None or not own.cert):
             raise setting_error(
@@ -526,7 +546,7 @@ def gather(
     layers: list[tuple[str, dict[tuple[str, ...], Any], Callable[[tuple[str, ...]], str]]] = [
         ("file", _leaves(file_data), lambda _: str(path)),
         ("env", _leaves(env_data), env_names.__getitem__),
-        ("flag", _leaves(flag_data), lambda key: "--" + key[0].replace("_", "-")),
+        ("flag", _leaves(flag_data), _flag_name),
     ]
     sources = Sources(_merge(_merge(file_data, env_data), flag_data), file=path)
     for key in sorted({key for _, leaves, _ in layers for key in leaves}):
@@ -543,6 +563,18 @@ def gather(
             lost = (("env", "GATEWAY_CONFIG", from_env),)
             sources.overrides.insert(0, Override("config", path, file_flag, lost))
     return sources
+
+
+# Flags that set a key of a section, by the name nsqd gives them.
+_SECTION_FLAGS = {
+    ("nsqd", "lookupd_tcp_addresses"): "--lookupd-tcp-address",
+    ("nsqd", "broadcast_address"): "--broadcast-address",
+}
+
+
+def _flag_name(key: tuple[str, ...]) -> str:
+    """The flag that gave a setting, as the user typed it."""
+    return _SECTION_FLAGS.get(key[:2]) or "--" + key[0].replace("_", "-")
 
 
 def load(

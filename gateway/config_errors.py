@@ -44,7 +44,8 @@ def pair_error(given: str, partner: str, why: str) -> PydanticCustomError:
 
 def setting_error(setting: str, message: str) -> PydanticCustomError:
     """A model-wide check about one setting: the line is attributed to that setting's
-    source, not to the whole file."""
+    source, not to the whole file. `setting` is a field of the model that raises it, or
+    a dotted path under it (nsqd.lookupd_tcp_addresses)."""
     return PydanticCustomError("gateway_setting", message, {"setting": setting})
 
 
@@ -87,7 +88,7 @@ class Describer:
                 continue
             loc: Loc = key
             if item["type"] == "gateway_setting":
-                loc = (*key, item["ctx"]["setting"])
+                loc = (*key, *item["ctx"]["setting"].split("."))
             message = (
                 self._union(key, item["input"]) if len(items) > 1 else self._message(loc, item)
             )

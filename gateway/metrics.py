@@ -85,6 +85,21 @@ class Metrics:
         self.bytes_out = Counter(
             "gateway_sent_bytes", "Bytes written", ["protocol"], registry=self.registry
         )
+        # the gateway's registration with each nsqlookupd (--lookupd-tcp-address), by the
+        # address as configured: whether it is registered now, and how often a connection
+        # could not be made or was lost (a lookupd restarting counts one)
+        self.lookupd_connected = Gauge(
+            "gateway_nsqlookupd_connected",
+            "1 while the gateway is registered with this nsqlookupd, else 0",
+            ["lookupd"],
+            registry=self.registry,
+        )
+        self.lookupd_errors = Counter(
+            "gateway_nsqlookupd_connection_errors_total",
+            "Connections to this nsqlookupd that failed, were refused or were lost",
+            ["lookupd"],
+            registry=self.registry,
+        )
         # which build answers: gateway_build_info{version, python} 1
         Info("gateway_build", "The gateway's version and Python's", registry=self.registry).info(
             {"version": __version__, "python": platform.python_version()}

@@ -38,6 +38,10 @@ DEFAULT_WINDOW = 10_000
 RETIRED_MAX = 1000  # deleted groups (and topics) whose counters are kept by name
 _PROTOCOLS_KEPT = 4096  # origins whose protocol is remembered (one per connection)
 
+# Told of every topic and group made or deleted: (topic, group or None for the topic
+# itself, True when made / False when deleted).
+NamesWatch = Callable[[str, str | None, bool], None]
+
 # what a publish did: the messages made, and how many deliveries subject subscriptions
 # (taps) took. A plain tuple: made once per publish, on every protocol's hot path.
 Published = tuple[list[Message], int]
@@ -83,6 +87,9 @@ class Broker:
         # cluster route announces interest in exactly the topics that keep messages.
         # Set through watch_interest.
         self.on_groups: Callable[[str, bool], None] | None = None
+        # Told of every topic and group made or deleted (watch_names): an nsqlookupd
+        # registration announces exactly these names.
+        self._names_watches: list[NamesWatch] = []
         # for metrics: messages published per protocol to no kept topic (a NATS publish
         # only subscribers see; the rest is counted per topic, see published_by), and the
         # publish -> acknowledgement latency per consumer protocol
@@ -266,6 +273,7 @@ class Broker:
             topic = self.topics[name] = Topic(self, name, ephemeral=ephemeral)
             if record:
                 topic.journal.topic_added(topic)
+            self.names_changed(name, None, True)
         return topic
 
     async def existing_topic(self, name: str, group: str | None = None) -> Topic | None:
@@ -323,6 +331,7 @@ class Broker:
         topic.groups.clear()
         if record:
             topic.journal.topic_dropped(topic)
+        self.names_changed(name, None, False)
         return True
 
     # -- subject subscriptions (taps) ------------------------------------------
@@ -343,6 +352,18 @@ class Broker:
         (`on_groups`). A NATS cluster announces exactly this interest to its routes."""
         self.taps.watch = on_taps
         self.on_groups = on_groups
+
+    def watch_names(self, watch: NamesWatch) -> None:
+        """Hear of every topic and group made or deleted from now on, whoever did it (any
+        protocol, an operator, another gateway sharing the store); a topic's groups are
+        told deleted before the topic. What exists already is read through `query`.
+        Called synchronously, in the caller's task: a watch only notes the change."""
+        self._names_watches.append(watch)
+
+    def names_changed(self, topic: str, group: str | None, made: bool) -> None:
+        """A topic (group None) or a group was made or deleted (Topic, Group)."""
+        for watch in self._names_watches:
+            watch(topic, group, made)
 
     # -- publishing ------------------------------------------------------------
 

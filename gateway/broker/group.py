@@ -442,6 +442,7 @@ class Group:
             return
         self.deleted = True
         self.topic.broker.retire(self)
+        self.topic.broker.names_changed(self.topic.name, self.name, False)
         # its messages went with it, those in flight too: a late release, bury or touch
         # finds none (NOT_FOUND), and nothing more is recorded for the group
         self.in_flight.clear()

@@ -96,6 +96,7 @@ class Topic:
                 self.broker.on_groups(self.name, True)
             if record:
                 group.journal.group_added(group)
+            self.broker.names_changed(self.name, name, True)
             if adopt:
                 backlog, self.backlog = self.backlog, []
                 self.journal.backlog_fanned_out(self, [group])

@@ -297,7 +297,8 @@ class NSQDAPI:
             "http_address": gw.settings.http,
             "https_address": gw.settings.https,
             "broadcast_address": broadcast_address(gw),
-            "nsqlookupd_tcp_addresses": [],  # the gateway is its own nsqlookupd
+            # where it registers (--lookupd-tcp-address); [] when it is its own lookupd
+            "nsqlookupd_tcp_addresses": list(n.lookupd_tcp_addresses),
             "auth_http_addresses": list(n.auth_http_addresses),
             "msg_timeout": n.msg_timeout * _MS,
             "max_msg_timeout": n.max_msg_timeout * _MS,

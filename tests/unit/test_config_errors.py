@@ -119,3 +119,30 @@ def test_a_certificate_without_its_key_names_the_settings(
         "config error: GATEWAY_TLS_KEY: given without GATEWAY_TLS_CERT"
         " (a private key needs its certificate)"
     ]
+
+
+def test_lookupd_addresses_are_checked_and_named_as_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = '[nsqd]\nlookupd_tcp_addresses = ["127.0.0.1:4160", "nowhere"]\n'
+    assert check(tmp_path, capsys, text) == (
+        1,
+        [
+            "gw.toml:nsqd.lookupd_tcp_addresses: address must be host:port or 'off', got 'nowhere'",
+            "gw.toml: 1 error(s)",
+        ],
+    )
+    text = 'http = "off"\n[nsqd]\nlookupd_tcp_addresses = ["127.0.0.1:4160"]\n'
+    code, lines = check(tmp_path, capsys, text)
+    assert code == 1
+    assert lines[0].startswith("gw.toml:nsqd.lookupd_tcp_addresses: needs the NSQ and HTTP")
+    assert cli.main(["serve", "--nsq", "off", "--lookupd-tcp-address", "127.0.0.1:4160"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "config error: --lookupd-tcp-address: needs the NSQ and HTTP listeners"
+    )
+    monkeypatch.setenv("GATEWAY_NSQD__LOOKUPD_TCP_ADDRESSES", "127.0.0.1:4160,127.0.0.1:0")
+    assert cli.main(["serve"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "config error: GATEWAY_NSQD__LOOKUPD_TCP_ADDRESSES: an nsqlookupd address needs its"
+        " port, got '127.0.0.1:0'"
+    ]

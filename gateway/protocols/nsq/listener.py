@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -10,6 +11,7 @@ import trio
 from gateway.listeners import Listener, Service
 from gateway.protocols.nsq.auth import AuthClient
 from gateway.protocols.nsq.codec import Limits, error_frame
+from gateway.protocols.nsq.lookupd import Identity, Registrar
 from gateway.protocols.nsq.negotiation import ServerFeatures
 from gateway.protocols.nsq.server import NSQServer
 from gateway.protocols.nsq.session import NSQSession
@@ -86,3 +88,15 @@ def service(
 async def _refuse(stream: trio.SocketStream, remote: str) -> None:
     # nsqd has no connection limit: an error frame, as for any refused command
     await stream.send_all(error_frame(b"E_TOO_MANY_CONNECTIONS too many connections"))
+
+
+def lookupd_service(
+    settings: Settings, broker: Broker, metrics: Metrics, identity: Callable[[], Identity]
+) -> Service[Registrar]:
+    """Registration with each nsqlookupd of `nsqd.lookupd_tcp_addresses` (none: nothing
+    runs). It learns the names once the store is open, and dials once every listener is
+    bound: IDENTIFY names the NSQ and HTTP ports (`identity`, read at each connection)."""
+    registrar = Registrar(broker, metrics, settings.nsqd.lookupd_tcp_addresses, identity)
+    if not registrar.peers:
+        return Service(registrar, [])
+    return Service(registrar, [], before=registrar.attach, after=registrar.run)
