@@ -47,6 +47,7 @@ from gateway.stores.base import (
     StoreError,
     StoreStats,
 )
+from gateway.stores.fsync import Fsyncs
 from gateway.stores.log import Bodies, Log, Position, encode, segments
 from gateway.stores.sqlite_open import (
     TopicIds,
@@ -103,7 +104,6 @@ class SQLiteStore(Store):
         self._ops: list[tuple[Any, ...]] = []
         self._recorded = 0  # records made so far
         self._written = 0  # records in the log so far
-        self._written_pos: Position = (0, 0)  # the log's end after the last write
         self._wake = trio.Event()  # set by the first record after a write
         # in the log, not yet in the index: the frames' records, their size, the position
         # the last one ends at, and when (Trio clock) the oldest was written
@@ -117,14 +117,12 @@ class SQLiteStore(Store):
         self._apply_done: object = None  # the last records the index thread applied
         self._applied_event = trio.Event()
         self._apply_wake = trio.Event()
-        self._synced_pos: Position = (0, 0)  # the log is fsynced up to here
-        self._syncing = False
-        self._synced_event = trio.Event()
-        self._unsynced = trio.Event()  # set by a write while the log is all synced
         self._log_failed: StoreError | None = None
         self._index_failed: StoreError | None = None
         self._worker = Worker(f"store {self.path.name}")  # the index's connection
-        self._syncer = Worker(f"store {self.path.name} fsync")  # the log's fsyncs
+        self._fsyncs = Fsyncs(
+            f"store {self.path.name} fsync", self._fsync_failed, lambda: self.failed
+        )
         self._stats = StoreStats()
 
     # -- opening ---------------------------------------------------------------
@@ -149,7 +147,9 @@ class SQLiteStore(Store):
             self._log = Log(self.log_dir, first)
             # the index holds every segment on disk: those no queued body is in can go
             segs.retire(db, self._log, self._bodies, first, segs.pinned(db))
-            self._written_pos = self._synced_pos = self._unapplied_pos = (first, 0)
+            self._fsyncs.log = self._log
+            self._fsyncs.start_at((first, 0))
+            self._unapplied_pos = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
         except sqlite3.DatabaseError as exc:
@@ -341,7 +341,7 @@ class SQLiteStore(Store):
 
     def flush_now(self) -> bool:
         if self.fsync == "always":
-            return self._written >= self._recorded and self._synced_pos >= self._written_pos
+            return self._written >= self._recorded and self._fsyncs.all_synced
         self._write_pending()
         return True
 
@@ -353,8 +353,8 @@ class SQLiteStore(Store):
         # so the first of them writes what all of them recorded in that pass, and the rest
         # find it written.
         self._write_pending()
-        if self.fsync == "always" and self._synced_pos < self._written_pos:
-            await self._synced_through(self._written_pos)
+        if self.fsync == "always" and not self._fsyncs.all_synced:
+            await self._fsyncs.through(self._fsyncs.written)
         # no checkpoint when there is nothing to wait for: the publish hot path
 
     def _write(self) -> None:
@@ -376,9 +376,7 @@ class SQLiteStore(Store):
             return
         self._ops = []
         self._written = self._recorded
-        if self._synced_pos >= self._written_pos:
-            self._unsynced.set()
-        self._written_pos = position
+        self._fsyncs.wrote(position)
         if not self._unapplied:
             self._unapplied_since = trio.current_time()
         _, starts, size = frame
@@ -397,40 +395,12 @@ class SQLiteStore(Store):
             log.warning("store %s: writes succeed again", self.path)
             self._log_failed = None
 
-    async def _synced_through(self, position: Position) -> None:
-        """Return once the log is fsynced up to `position` (group commit: a flush that
-        comes while an fsync runs waits for the next one, which covers it and every other
-        that came meanwhile)."""
-        while self._synced_pos < position:
-            if self.failed is not None:
-                raise self.failed
-            if self._syncing:
-                await self._synced_event.wait()
-            else:
-                await self._sync()
-
-    async def _sync(self) -> None:
-        assert self._log is not None
-        self._syncing = True
-        started = time.time()
-        try:
-            position = await self._syncer.run(self._log.sync)
-        except OSError as exc:
-            self._stats.write_errors += 1
-            first = self._log_failed is None
-            self._log_failed = StoreError(f"store {self.path}: fsync failed: {exc}")
-            if first:
-                log.error("%s; publishes are refused until writes succeed again", self.failed)
-            return
-        finally:
-            self._syncing = False
-            event, self._synced_event = self._synced_event, trio.Event()
-            event.set()
-        self._synced_pos = max(self._synced_pos, position)
-        self._stats.fsyncs += 1
-        # before any acknowledgement it covers leaves: what survives a power cut, for an
-        # operator (and the power-loss test) to read
-        log.debug("store log fsynced: segment %d offset %d (started at %.6f)", *position, started)
+    def _fsync_failed(self, exc: OSError) -> None:
+        self._stats.write_errors += 1
+        first = self._log_failed is None
+        self._log_failed = StoreError(f"store {self.path}: fsync failed: {exc}")
+        if first:
+            log.error("%s; publishes are refused until writes succeed again", self.failed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The store's background work: writing records nobody awaits (finishes,
@@ -438,7 +408,7 @@ class SQLiteStore(Store):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)
             if isinstance(self.fsync, int) and not isinstance(self.fsync, bool):
-                nursery.start_soon(self._sync_loop, self.fsync / 1000)
+                nursery.start_soon(self._fsyncs.run_interval, self.fsync / 1000)
             nursery.start_soon(self._index_loop)
             task_status.started()
 
@@ -454,18 +424,6 @@ class SQLiteStore(Store):
             if self._ops:
                 self._write()
             retry = _RETRY_FIRST if self._log_failed is None else min(retry * 2, _RETRY_MAX)
-
-    async def _sync_loop(self, interval: float) -> None:
-        """fsync the log at least every `interval` seconds while it has unsynced writes."""
-        last = trio.current_time()
-        while True:
-            if self._synced_pos >= self._written_pos:
-                await self._unsynced.wait()
-                self._unsynced = trio.Event()
-            await trio.sleep_until(last + interval)
-            last = trio.current_time()
-            if not self._syncing:
-                await self._sync()
 
     # -- the index: brought up to date from the log, off the event loop ------------
 
@@ -518,7 +476,7 @@ class SQLiteStore(Store):
         self._applying = True
         try:
             # not abandoned on cancel: an apply that started always finishes
-            await self._worker.run(self._apply_sync, frames, position, self._synced_pos)
+            await self._worker.run(self._apply_sync, frames, position, self._fsyncs.synced)
         except BaseException as exc:
             if self._apply_done is not frames:  # not applied: kept, in order, for a retry
                 self._unapplied[:0] = frames
@@ -623,6 +581,7 @@ class SQLiteStore(Store):
 
     def stats(self) -> StoreStats:
         stats = self._stats
+        stats.fsyncs = self._fsyncs.count
         self._stats = StoreStats(
             commits=stats.commits,
             fsyncs=stats.fsyncs,
@@ -651,7 +610,7 @@ class SQLiteStore(Store):
             lost = len(self._ops)
             await self._worker.run(self._close_sync, not self._unapplied)
             self._worker.stop()
-            self._syncer.stop()
+            self._fsyncs.stop()
             if lost:
                 raise StoreError(f"store {self.path}: {lost} changes could not be written")
         finally:

@@ -119,7 +119,7 @@ def abandon(store: SQLiteStore) -> None:
     store._db.close()
     store._log.close()
     store._worker.stop()
-    store._syncer.stop()
+    store._fsyncs.stop()
 
 
 async def test_a_store_killed_before_its_index_caught_up_replays_its_log(tmp_path: Path) -> None:
@@ -281,12 +281,12 @@ async def test_bodies_a_power_cut_took_are_dropped_with_their_messages(
     for i in range(1, 11):
         store.put("t", ["g"], [Message(i, "t", b"kept %d" % i, 1)], 0.0)
     await store.flush()
-    await store._sync()  # the first ten are on disk
+    await store._fsyncs.sync()  # the first ten are on disk
     for i in range(11, 21):
         store.put("t", ["g"], [Message(i, "t", b"lost %d" % i, 1)], 0.0)
     await store.caught_up()  # the index points at all twenty
     assert store._log is not None
-    segment, synced = store._synced_pos
+    segment, synced = store._fsyncs.synced
     abandon(store)
     with open(segment_path(path.parent / "gateway.db-log", segment), "r+b") as f:
         f.truncate(synced)  # what the power cut left: the log up to its last fsync
