@@ -20,6 +20,7 @@ from gateway.stores import log as store_log
 from gateway.stores import sqlite as sqlite_store
 from gateway.stores.base import StoreError
 from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
+from gateway.stores.sqlite import FsyncPolicy
 
 
 def frames(directory: Path, after: tuple[int, int] = (0, 0)) -> list[list[tuple[object, ...]]]:
@@ -112,6 +113,15 @@ def msg(i: int) -> Message:
     return Message(i, "t", b"body %d" % i, 1_700_000_000_000_000_000 + i)
 
 
+async def group_store(path: Path, fsync: FsyncPolicy = 50) -> SQLiteStore:
+    """An open store with the topic `t` and its group `g`."""
+    store = SQLiteStore(path, fsync=fsync)
+    await store.open()
+    store.add_topic("t")
+    store.add_group("t", "g")
+    return store
+
+
 def abandon(store: SQLiteStore) -> None:
     """What kill -9 leaves: nothing closed by the store (the descriptors are let go)."""
     assert store._lock_fd is not None and store._db is not None and store._log is not None
@@ -124,10 +134,7 @@ def abandon(store: SQLiteStore) -> None:
 
 async def test_a_store_killed_before_its_index_caught_up_replays_its_log(tmp_path: Path) -> None:
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path)
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path)
     for i in range(1, 51):
         store.put("t", ["g"], [msg(i)], 0.0)
         await store.flush()  # in the log; the index has not been brought up to date
@@ -156,10 +163,7 @@ async def test_a_segment_goes_once_the_index_holds_it_and_none_of_its_bodies_is_
 ) -> None:
     monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path, fsync="never")
     log_dir = path.parent / "gateway.db-log"
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
@@ -193,10 +197,7 @@ async def test_an_old_segment_mostly_finished_is_compacted_into_the_index(
     monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
     monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path, fsync="never")
     log_dir = path.parent / "gateway.db-log"
     kept = list(range(1, 801, 40))  # one message in 40 stays queued: every segment has one
     async with trio.open_nursery() as nursery:
@@ -249,10 +250,7 @@ async def test_publishes_of_one_message_in_separate_writes_are_one_batch(tmp_pat
     """PUBs one at a time, each written on its own: their bodies lie between other frames'
     bytes, and the index still holds them as one batch that notes where each starts."""
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path, fsync="never")
     store.reserve_ids(1000)  # as the broker does: ids handed out in blocks
     for i in range(1, 101):
         store.put("t", ["g"], [Message(i, "t", b"z%d" % i * (i % 7), 1)], 0.0)
@@ -274,10 +272,7 @@ async def test_bodies_a_power_cut_took_are_dropped_with_their_messages(
     then leaves the index but not the bodies it points at, recovery finds them missing
     (past the last fsync the index noted), drops those messages and starts cleanly."""
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path, fsync="never")
     for i in range(1, 11):
         store.put("t", ["g"], [Message(i, "t", b"kept %d" % i, 1)], 0.0)
     await store.flush()
@@ -301,10 +296,7 @@ async def test_bodies_a_power_cut_took_are_dropped_with_their_messages(
 
 async def test_a_body_that_fails_its_crc_is_an_error_not_a_wrong_message(tmp_path: Path) -> None:
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path)
-    await store.open()
-    store.add_topic("t")
-    store.add_group("t", "g")
+    store = await group_store(path)
     store.put("t", ["g"], [Message(1, "t", b"the body", 1)], 0.0)
     await store.caught_up()
     assert store._log is not None
