@@ -648,6 +648,21 @@ document.getElementById("message-close").addEventListener("click",
 
 // -- polling -----------------------------------------------------------------------------
 
+// A poll rebuilds the tables. Rebuilt between a button's press and its release, the
+// press lands on the old row and the release on the new one, and the browser sends the
+// click to neither: the click is lost. So while a pointer is down the poll only records,
+// and the page is drawn on the release, after the click has run.
+let pressed = false;
+let heldRender = false;
+document.addEventListener("pointerdown", () => { pressed = true; }, true);
+for (const [target, type] of [[document, "pointerup"], [document, "pointercancel"],
+                              [window, "blur"]]) {
+  target.addEventListener(type, () => {
+    pressed = false;
+    if (heldRender) { heldRender = false; setTimeout(render, 0); }
+  }, true);
+}
+
 async function refresh() {
   try {
     const reply = await api("/admin/api/state", {cache: "no-store"});
@@ -656,7 +671,9 @@ async function refresh() {
     document.getElementById("error").textContent = "";
     record(state);
     current = state;
-    render();
+    document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
+    if (pressed) heldRender = true;
+    else render();
   } catch (exc) {
     document.getElementById("error").textContent = `refresh failed: ${exc}`;
   }

@@ -200,7 +200,17 @@ def main() -> int:
             page.screenshot(path=shots / "admin-page-full.png", full_page=True)
 
             # the message view
-            page.click(f'tr.peek pre[data-message]:has-text("{args.message}")')
+            # pressed, held through a poll, released: the poll's redraw must not swallow
+            # the click (pressed on the old row, released on its replacement)
+            box = page.locator(f'tr.peek pre[data-message]:has-text("{args.message}")')
+            box.scroll_into_view_if_needed()
+            where = box.bounding_box()
+            assert where is not None
+            page.mouse.move(where["x"] + where["width"] / 2, where["y"] + where["height"] / 2)
+            polls = page.evaluate("() => Number(document.body.dataset.polls || 0)")
+            page.mouse.down()
+            page.wait_for_function(f"() => Number(document.body.dataset.polls) > {polls}")
+            page.mouse.up()
             page.wait_for_selector('dialog#message[open] #message-facts [data-field="id"]')
             out["message"] = page.evaluate(
                 """() => ({
