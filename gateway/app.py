@@ -24,6 +24,7 @@ from gateway.http import stats as nsqd_stats
 from gateway.http.history import History
 from gateway.http.nsqd import broadcast_address, port_of
 from gateway.http.server import listeners as http_listeners
+from gateway.links import configured as configured_links
 from gateway.listeners import HTTPListener, Listener, Service
 from gateway.metrics import Metrics
 from gateway.protocols.beanstalk import listener as beanstalk_listener
@@ -112,6 +113,8 @@ class Gateway:
         self.nats = nats.server
         self.cluster = cluster.server
         self.rocketmq = rocketmq.server
+        # moving traffic to and from live servers; started once the listeners are bound
+        self.links = configured_links(s, broker)
         # every listener in binding order, which the listening lines and the ready line
         # follow; HTTP's last: /info and /lookup report the others
         self.listeners: list[Listener | HTTPListener] = [
@@ -198,6 +201,7 @@ class Gateway:
                 for service in self.services:
                     if service.after is not None:
                         await nursery.start(service.after)
+                await nursery.start(self.links.run)
                 listening = ", ".join(
                     f"{name}={format_address(*addr)}" for name, addr in self.addresses.items()
                 )

@@ -41,6 +41,11 @@ from gateway.config_guard import (
     TLSSettings,
     _Section,
 )
+from gateway.config_links import (
+    BeanstalkImportSettings,
+    NSQExportSettings,
+    NSQImportSettings,
+)
 from gateway.config_rocketmq import RocketMQSettings
 
 OFF = "off"
@@ -275,6 +280,10 @@ class Settings(_Section):
         return split_http_table(data) if isinstance(data, Mapping) else data
 
     rocketmq_broker: RocketMQSettings = Field(default_factory=RocketMQSettings)
+    # links to live servers, one [[table]] each (docs/bridging.md)
+    nsq_import: list[NSQImportSettings] = Field(default_factory=list)
+    nsq_export: list[NSQExportSettings] = Field(default_factory=list)
+    beanstalk_import: list[BeanstalkImportSettings] = Field(default_factory=list)
 
     @field_validator("store")
     @classmethod
