@@ -115,6 +115,8 @@ class Gateway:
         self.rocketmq = rocketmq.server
         # moving traffic to and from live servers; started once the listeners are bound
         self.links = configured_links(s, broker)
+        if self.links.links:
+            self.metrics.watch_links(self.links)
         # every listener in binding order, which the listening lines and the ready line
         # follow; HTTP's last: /info and /lookup report the others
         self.listeners: list[Listener | HTTPListener] = [

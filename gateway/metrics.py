@@ -134,6 +134,12 @@ class Metrics:
 
         self.registry.register(ArchiveCollector(archive))  # type: ignore[arg-type]
 
+    def watch_links(self, links: object) -> None:
+        """Export every link's status (messages moved, in flight, errors, lag)."""
+        from gateway.metrics_links import LinksCollector
+
+        self.registry.register(LinksCollector(links))  # type: ignore[arg-type]
+
     def protocol_error(self, protocol: str, frame_text: bytes | str) -> None:
         """Count an error reply by its code (the first word: E_INVALID, BAD_FORMAT, ...).
         Counted here in a dict; the counter takes the counts when it is collected."""

@@ -7,7 +7,7 @@ successive polls; its buttons call the action endpoints below. Everything here r
 the queues through the broker's query API: a beanstalkd tube, an NSQ channel and a topic
 fed over a NATS route look the same.
 
-  GET  /admin/api/state                           topics, groups, consumers, routes
+  GET  /admin/api/state                           topics, groups, consumers, routes, links
   GET  /admin/api/peek?topic=&group=&state=&limit=   ready or buried messages
   GET  /admin/api/message?topic=[&group=]&id=     one message, its body in base64
   GET  /admin/api/history                         the gateway's samples (gateway.http.history)
@@ -22,6 +22,7 @@ destructive one (empty, delete) says there what it dropped (the response's note)
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from collections import Counter
 from importlib import resources
@@ -208,6 +209,7 @@ def state(gateway: Gateway) -> dict[str, Any]:
         "published": dict(sorted(broker.published_by.items())),
         "connections": dict(sorted(connections.items())),
         "routes": routes,
+        "links": [dataclasses.asdict(status) for status in gateway.links.statuses],
         "node": node_state(gateway),
         "clients": client_rows(gateway),
         "topics": topics,

@@ -427,6 +427,7 @@ function renderOverview(state) {
   renderClients(state.clients);
   document.getElementById("rows").replaceChildren(...rows);
 
+  renderLinks(state.links);
   const routes = document.getElementById("routes");
   if (state.routes.length === 0) {
     routes.className = "empty";
@@ -442,6 +443,23 @@ function renderOverview(state) {
         el("td", {class: "name"}, r.dialed ? "dialed" : "accepted"),
         el("td", {}, r.interest)))));
   }
+}
+
+// One line per link to a live server (an import or export): what it moved, what it has
+// in flight, what waits at its source, and its last error.
+function renderLinks(links) {
+  const box = document.getElementById("links");
+  box.className = links.length ? "" : "empty";
+  if (!links.length) { box.textContent = "none"; return; }
+  const cols = [["kind", "kind"], ["name", "link"], ["upstream", "server"], ["state", "state"],
+                ["moved", "moved"], ["in_flight", "in flight"], ["lag", "waiting there"],
+                ["errors", "errors"], ["last_error", "last error"]];
+  const text = (l, k) => (l[k] === null || l[k] === "") ? "–"
+                       : typeof l[k] === "number" ? n0(l[k]) : String(l[k]);
+  box.replaceChildren(el("table", {},
+    el("tr", {}, ...cols.map(([, title]) => el("th", {class: "name"}, title))),
+    ...links.map(l => el("tr", {"data-link": l.name},
+      ...cols.map(([k]) => el("td", {class: "name", "data-field": k}, text(l, k)))))));
 }
 
 function bytes(n) {
