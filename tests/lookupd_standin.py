@@ -211,6 +211,36 @@ class LookupdConnection:
             self.db.remove(key, self.peer_id)
 
 
+def registered(db: Database) -> dict[str, set[str]]:
+    """topic -> channels, as /lookup would list them, for producers still connected."""
+    return {
+        t: {c for c in db.channels(t) if db.registrations.get(("channel", t, c))}
+        for t in db.topics()
+        if db.registrations.get(("topic", t, ""))
+    }
+
+
+async def converse(
+    conn: LookupdConnection, stream: trio.abc.Stream, changed: Callable[[], None]
+) -> None:
+    """Serve one producer's connection until either side closes it; `changed()` after
+    every read and at the end, when the lookupd forgets what the producer held."""
+    try:
+        while not conn.closed:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            out = conn.receive_data(data)
+            if out:
+                await stream.send_all(out)
+            changed()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        conn.lost()
+        changed()
+
+
 class StandInLookupd:
     """The stand-in served on 127.0.0.1; `start` again after `stop` is a restart on the
     same port with an empty database, as a real nsqlookupd restart."""
@@ -262,21 +292,8 @@ class StandInLookupd:
         )
         self.connections.append(conn)
         self.connects += 1
-        try:
-            async with stream:
-                while not conn.closed:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        break
-                    out = conn.receive_data(data)
-                    if out:
-                        await stream.send_all(out)
-                    self._notify()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            conn.lost()
-            self._notify()
+        async with stream:
+            await converse(conn, stream, self._notify)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -291,13 +308,7 @@ class StandInLookupd:
     # -- what a test asks ----------------------------------------------------------
 
     def registered(self) -> dict[str, set[str]]:
-        """topic -> channels, as /lookup would list them, for producers still connected."""
-        db = self.db
-        return {
-            t: {c for c in db.channels(t) if db.registrations.get(("channel", t, c))}
-            for t in db.topics()
-            if db.registrations.get(("topic", t, ""))
-        }
+        return registered(self.db)
 
     def producers(self) -> list[dict[str, Any]]:
         return list(self.db.registrations.get(("client", "", ""), {}).values())

@@ -15,8 +15,9 @@ import trio.testing
 from gateway.broker import Broker
 from gateway.metrics import Metrics
 from gateway.protocols.nsq.lookupd import FIRST_RETRY, MAX_RETRY, PING_INTERVAL, Identity, Registrar
+from tests import lookupd_standin
 from tests.helpers import running_broker
-from tests.lookupd_standin import Database, LookupdConnection
+from tests.lookupd_standin import Database, LookupdConnection, converse
 
 IDENTITY = Identity("127.0.0.1", 4150, 4151, "gw-host", "1.3.0")
 
@@ -47,23 +48,16 @@ class MemoryLookupd:
         conn = LookupdConnection(
             self.db, f"conn{n}", hostname="h", broadcast_address="l", tcp_port=1, http_port=2
         )
-        try:
-            while not conn.closed and (data := await stream.receive_some()):
-                seen = len(conn.commands)
-                out = conn.receive_data(data)
-                self.lines += [(trio.current_time(), c) for c in conn.commands[seen:]]
-                if out:
-                    await stream.send_all(out)
-                self._notify()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            conn.lost()
-            self._notify()
+        seen = 0
 
-    def _notify(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
+        def changed() -> None:  # when each command came, on the mock clock
+            nonlocal seen
+            self.lines += [(trio.current_time(), c) for c in conn.commands[seen:]]
+            seen = len(conn.commands)
+            self.changed.set()
+            self.changed = trio.Event()
+
+        await converse(conn, stream, changed)
 
     async def until(self, condition: Callable[[], bool]) -> None:
         with trio.fail_after(600):  # clock seconds: MockClock jumps
@@ -71,12 +65,7 @@ class MemoryLookupd:
                 await self.changed.wait()
 
     def registered(self) -> dict[str, set[str]]:
-        db = self.db
-        return {
-            t: {c for c in db.channels(t) if db.registrations[("channel", t, c)]}
-            for t in db.topics()
-            if db.registrations[("topic", t, "")]
-        }
+        return lookupd_standin.registered(self.db)
 
     def commands(self) -> list[bytes]:
         return [line for _, line in self.lines]
