@@ -116,6 +116,7 @@ class Mover:
         """Move until the tubes are empty (ready, delayed and buried: 0), or, with
         `follow`, until cancelled."""
         while not self.stopping:
+            moved = self.status.moved
             await self.watch_tubes()
             await self.move_held("delayed")
             await self.move_held("buried")
@@ -124,9 +125,10 @@ class Mover:
             lag = self.status.lag = await self.lag()
             if lag == 0 and not follow:
                 return
-            if follow and not self.stopping:
+            if (follow or self.status.moved == moved) and not self.stopping:
                 # what producers put meanwhile arrives here at once; delayed and buried
-                # jobs and new tubes are looked for every CHECK_EVERY
+                # jobs and new tubes are looked for every CHECK_EVERY. Without `follow`,
+                # jobs that cannot be taken yet (a paused tube's) are waited for as well
                 await self.move_ready(CHECK_EVERY)
 
     async def watch_tubes(self) -> list[str]:
