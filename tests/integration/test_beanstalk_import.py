@@ -22,7 +22,7 @@ import trio
 from gateway.app import Gateway
 from gateway.config_links import BeanstalkImportSettings
 from gateway.links import LinkStatus
-from gateway.links.beanstalk_client import BeanstalkClient, command, put
+from gateway.links.beanstalk_client import BeanstalkClient, command, put, yaml_dict
 from gateway.links.beanstalk_import import BeanstalkImport
 from gateway.links.beanstalk_mover import BATCH, Job, Mover
 from tests.beanstalk_replay import beanstalkd
@@ -254,6 +254,37 @@ async def test_a_server_without_reserve_job_gets_its_jobs_kicked_then_reserved()
         got = {j.body: (j.pri, j.ttr, j.buried, j.delay > 990) for j in dest.jobs}
         assert got == {b"delayed": (7, 11, False, True), b"buried": (99, 60, True, False)}
         assert sum((await tube_counts(old, "t")).values()) == 0
+
+
+async def test_jobs_in_transit_are_touched_before_their_ttr_runs_out() -> None:
+    """A destination slower than the jobs' TTR (1 s): the mover touches them on the old
+    server, which hands none to another worker; each is deleted once stored."""
+
+    async with old_server() as old:
+
+        async def touches() -> int:
+            stats = yaml_dict((await old.expect(b"stats\r\n", "OK")).data or b"")
+            return int(stats["cmd-touch"])
+
+        class Slow:
+            def __init__(self) -> None:
+                self.jobs: list[Job] = []
+
+            async def store(self, jobs: Any) -> None:
+                # stores only once the old server saw touches past the TTR: the jobs
+                # would have timed out there otherwise
+                await until(lambda: _at_least(touches, 2 * len(jobs)), "two touches each")
+                self.jobs += jobs
+
+        await put_jobs(old, "t", [(i, 0, 1, b"%d" % i) for i in range(3)])
+        async with await BeanstalkClient.connect(*_host_port(old)) as conn:
+            dest = Slow()
+            status = LinkStatus("beanstalk_import", "x", "y")
+            await Mover(conn, dest, ["t"], status).run(follow=False)
+        assert [j.body for j in dest.jobs] == [b"0", b"1", b"2"]
+        assert status.moved == 3
+        stats = yaml_dict((await old.expect(b"stats\r\n", "OK")).data or b"")
+        assert (stats["job-timeouts"], stats["cmd-delete"]) == ("0", "3")
 
 
 async def test_an_unreachable_server_is_retried_with_a_backoff() -> None:
