@@ -1,4 +1,5 @@
-"""`gateway serve | check-config | pipeline`: the command-line contract (README.md, Running it)."""
+"""`gateway serve | check-config | pipeline | import`: the command-line contract (README.md,
+Running it)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from gateway import __version__, config, logs
 from gateway.app import Gateway
 from gateway.broker.errors import StoreUnavailable
+from gateway.links import beanstalk_cli as import_cli
 from gateway.pipeline import cli as pipeline_cli
 
 _LISTENER_FLAGS = (
@@ -94,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file")
     pipeline_cli.add_parser(sub)
+    import_cli.add_parser(sub)
     return parser
 
 
@@ -186,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "pipeline":
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no gateway to stop cleanly here
         return pipeline_cli.main(args)
+    if args.command == "import":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # heard by the command itself
+        return import_cli.main(args)
     try:
         sources = config.gather(args.config, _flags(args))
     except (OSError, ValueError) as exc:  # an unreadable file, an unknown GATEWAY_ name

@@ -218,6 +218,22 @@ class Broker:
         (beanstalkd delete); False when it is held elsewhere or gone, or not shared."""
         return await group.queue.delete_stored(msg_id)
 
+    def withdraw(self, messages: Sequence[Message]) -> int:
+        """Take back published messages whose commit failed and which nobody was told were
+        stored (a link hands them back to the server it took them from): removed wherever
+        they wait, in the topic's backlog or its groups, ready, deferred or buried. A copy
+        a consumer holds already stays with it. Recorded as deletes, after the publish: a
+        store that recovers commits both. How many copies were removed."""
+        removed = 0
+        for msg in messages:
+            topic = self.topics.get(msg.topic)
+            if topic is None:
+                continue
+            removed += topic.delete_backlog(msg.id) is not None
+            for group in topic.groups.values():
+                removed += group.delete(msg.id)
+        return removed
+
     @property
     def store_failed(self) -> StoreUnavailable | None:
         return self.journal.failed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -72,5 +73,8 @@ def configured(settings: Settings, broker: Broker) -> Links:
     if settings.beanstalk_import:
         from gateway.links.beanstalk_import import BeanstalkImport
 
-        makers.append((settings.beanstalk_import, BeanstalkImport))
+        # buried jobs are buried in the tube's workers' group, named in [beanstalkd]
+        makers.append(
+            (settings.beanstalk_import, partial(BeanstalkImport, group=settings.beanstalkd.group))
+        )
     return Links([make(each, broker) for configs, make in makers for each in configs])
