@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from gateway.app import Gateway
@@ -26,7 +27,7 @@ from gateway.links.beanstalk_client import BeanstalkClient, command, put, yaml_d
 from gateway.links.beanstalk_import import BeanstalkImport
 from gateway.links.beanstalk_mover import BATCH, Job, Mover
 from tests.beanstalk_replay import beanstalkd
-from tests.helpers import running_gateway
+from tests.helpers import http_base, running_gateway
 from tests.integration.test_durability import (
     REPO,
     drain_beanstalk,
@@ -155,6 +156,35 @@ async def test_ready_jobs_keep_their_priority_and_ttr_and_leave_the_old_server()
         for tube in ("jobs", "default"):
             counts = await tube_counts(old, tube)
             assert counts["ready"] + counts["reserved"] == 0, (tube, counts)
+
+
+async def test_a_link_reports_in_the_metrics_and_on_the_admin_page() -> None:
+    async with old_server() as old:
+        await put_jobs(old, "jobs", [(0, 0, 60, b"%d" % i) for i in range(7)])
+        config = {"url": url(old), "follow": False, "name": "legacy"}
+        async with running_gateway(
+            beanstalk="127.0.0.1:0", http="127.0.0.1:0", beanstalk_import=[config]
+        ) as gateway:
+            await until(lambda: link_status(gateway).state == "done", "the link done")
+            async with httpx.AsyncClient() as http:
+                base = http_base(gateway)
+                metrics = (await http.get(f"{base}/metrics")).text
+                state = (await http.get(f"{base}/admin/api/state")).json()
+        labels = '{kind="beanstalk_import",link="legacy"}'
+        for line in (
+            f"gateway_link_messages_moved_total{labels} 7.0",
+            f"gateway_link_in_flight{labels} 0.0",
+            f"gateway_link_errors_total{labels} 0.0",
+            f"gateway_link_lag{labels} 0.0",
+            f"gateway_link_connected{labels} 0.0",  # done: no longer connected
+        ):
+            assert line in metrics.splitlines(), line
+        [link] = state["links"]
+        assert link == {
+            "kind": "beanstalk_import", "name": "legacy", "upstream": url(old),
+            "state": "done", "moved": 7, "in_flight": 0, "errors": 0, "lag": 0,
+            "last_error": "",
+        }  # fmt: skip
 
 
 async def test_delayed_jobs_keep_their_time_left_and_buried_ones_arrive_buried() -> None:
