@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +316,34 @@ async def test_jobs_in_transit_are_touched_before_their_ttr_runs_out() -> None:
         assert status.moved == 3
         stats = yaml_dict((await old.expect(b"stats\r\n", "OK")).data or b"")
         assert (stats["job-timeouts"], stats["cmd-delete"]) == ("0", "3")
+
+
+async def test_a_link_stopped_mid_batch_settles_the_batch_first() -> None:
+    """Stopped between taking a batch and deleting it, the jobs would come back on the old
+    server after their TTR and arrive twice: the batch is stored and deleted first."""
+    stored: list[Job] = []
+    storing, go_on = trio.Event(), trio.Event()
+
+    class Slow:  # a destination that acknowledges when the test says so
+        async def store(self, jobs: Sequence[Job]) -> None:
+            storing.set()
+            await go_on.wait()
+            stored.extend(jobs)
+
+    async with old_server() as old:
+        await put_jobs(old, "jobs", [(0, 0, 60, b"%d" % i) for i in range(5)])
+        status = LinkStatus("beanstalk_import", "t", url(old))
+        client = await BeanstalkClient.connect(*_host_port(old))
+        async with client, trio.open_nursery() as nursery:
+            mover = Mover(client, Slow(), ["jobs"], status)
+            nursery.start_soon(partial(mover.run, follow=True))
+            await storing.wait()
+            nursery.cancel_scope.cancel()  # the gateway stops
+            go_on.set()
+        assert len(stored) == 5 and status.moved == 5
+        assert await tube_counts(old, "jobs") == dict.fromkeys(
+            ("urgent", "ready", "reserved", "delayed", "buried"), 0
+        )
 
 
 async def test_an_unreachable_server_is_retried_with_a_backoff() -> None:
