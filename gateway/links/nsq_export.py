@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from gateway.broker.errors import StoreUnavailable
 from gateway.links import LinkStatus
 from gateway.links import nsq_client as nc
 from gateway.links.nsq_upstream import (
@@ -78,6 +79,7 @@ class NSQExport:
         self.consumer: Consumer | None = None
         self._pending: deque[Message] = deque()  # delivered here, not yet sent
         self._sent: deque[list[Message]] = deque()  # sent, waiting for nsqd's answer
+        self._storing = 0  # OK'd by nsqd and finished, the finishes not yet stored
         self._wake = trio.Event()
         self._backoff = Backoff()
 
@@ -189,29 +191,46 @@ class NSQExport:
         """nsqd's answers, oldest batch first: OK finishes it here, an error ends it all."""
         try:
             while True:
+                done: list[list[Message]] = []
                 for frame in await conn.frames():
                     if not self._sent:
                         raise Ended(f"{conn.address} answered nothing sent: {frame}")
                     if isinstance(frame, nc.ResponseFrame) and frame.data == nc.OK:
-                        self._finish(self._sent.popleft())
+                        done.append(self._sent.popleft())
                     elif isinstance(frame, nc.ErrorFrame):
                         raise Ended(f"{conn.address} refused a batch: {frame}")
                     else:
                         raise Ended(f"{conn.address} answered {frame!r:.100}")
+                if done:
+                    await self._finish(done)
         except Ended as why:
             # the sender may be waiting for deliveries: the connection ends from here
             ended.append(str(why))
             scope.cancel()
 
-    def _finish(self, batch: list[Message]) -> None:
+    async def _finish(self, batches: list[list[Message]]) -> None:
+        """Finish what nsqd took, and wait until the store has the finishes before the
+        window takes more: a kill then repeats at most a window's worth upstream."""
         group, consumer = self.group, self.consumer
         if group is None or consumer is None:
             return  # the group was deleted meanwhile
-        for message in batch:
-            group.finish(consumer, message.id, pump=False)  # gone in flight: no matter
-        group.pump()
-        self.status.moved += len(batch)
+        n = 0
+        for batch in batches:
+            for message in batch:
+                group.finish(consumer, message.id, pump=False)  # gone in flight: no matter
+            n += len(batch)
+        self._storing += n  # in flight still, until the store has the finishes
+        try:
+            await self.broker.flush()
+        except StoreUnavailable as exc:
+            # finished here all the same: nsqd has them; the store keeps trying
+            self._failed(f"recording what {self.to_topic} took: {exc}")
+        finally:
+            self._storing -= n
+        self.status.moved += n
         self._backoff.reset()
+        if not group.deleted:
+            group.pump()
         self._refresh()
 
     def _give_back(self) -> None:
@@ -238,5 +257,5 @@ class NSQExport:
 
     def _refresh(self) -> None:
         status = self.status
-        status.in_flight = len(self._pending) + sum(len(b) for b in self._sent)
+        status.in_flight = len(self._pending) + sum(map(len, self._sent)) + self._storing
         status.lag = self.group.depth if self.group is not None else None
