@@ -5,7 +5,8 @@ metrics and the admin page read the statuses, nothing else of a link."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +31,34 @@ class LinkStatus:
     errors: int = 0  # connections failed or lost, publishes refused, messages sent back
     lag: int | None = None  # waiting at the source, where it says (None: not known)
     last_error: str = ""
+
+
+# s a batch under way may still take, once the link is told to stop, to be settled on both
+# sides (stored here and deleted or FIN'd there)
+SETTLE_LIMIT = 10.0
+
+
+@asynccontextmanager
+async def settling(limit: float = SETTLE_LIMIT) -> AsyncIterator[None]:
+    """Shield a batch's store-then-settle from the link being stopped (the gateway shutting
+    down): cut between the store's commit and the source's delete or FIN, every message of
+    the batch would come back from the source and arrive twice. The shield gets a deadline
+    only once the cancellation comes, `limit` s later, so a server that stopped answering
+    cannot hold the shutdown: what is cut then is what a crash leaves, duplicates and no
+    loss."""
+    shield = trio.CancelScope(shield=True)
+
+    async def bound_when_cancelled() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            shield.deadline = trio.current_time() + limit
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bound_when_cancelled)
+        with shield:
+            yield
+        nursery.cancel_scope.cancel()
 
 
 class Link(Protocol):

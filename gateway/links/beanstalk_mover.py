@@ -22,7 +22,7 @@ from typing import Protocol
 
 import trio
 
-from gateway.links import LinkStatus
+from gateway.links import LinkStatus, settling
 from gateway.links.beanstalk_client import (
     BeanstalkClient,
     ProtocolError,
@@ -35,8 +35,6 @@ log = logging.getLogger("gateway.links")
 
 BATCH = 100  # jobs reserved on the old server at once, stored with one commit
 RELEASE_DELAY = 1  # s: a job the destination refused waits this long on the old server
-# s a batch under way may take to be stored and deleted when the gateway stops
-SETTLE_LIMIT = 10.0
 CHECK_EVERY = 1.0  # s between looks at delayed and buried jobs and new tubes (follow)
 # A reserved job in transit is touched this long before its TTR runs out, so that the old
 # server does not hand it to another worker while the destination stores it. beanstalkd
@@ -246,29 +244,12 @@ class Mover:
         status = self.status
         status.in_flight += len(jobs)
         try:
-            # A shutdown (the gateway stopping, the link cancelled) lets the batch under way
-            # finish: cut between the store's commit and the deletes, every job of it would
-            # arrive a second time once its TTR ran out on the old server. The shield gets
-            # a deadline only once the cancellation comes, so that a server that stopped
-            # answering cannot hold the shutdown: what is cut SETTLE_LIMIT after it is what
-            # a crash leaves, duplicates and no loss.
-            settling = trio.CancelScope(shield=True)
             failure: DestinationFailed | None = None
-
-            async def bound_when_cancelled() -> None:
-                try:
-                    await trio.sleep_forever()
-                finally:
-                    settling.deadline = trio.current_time() + SETTLE_LIMIT
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(bound_when_cancelled)
-                with settling:
-                    stored, failure = await self._store(jobs)
-                    await self._settle(stored, delete=True)
-                    if failure is not None:
-                        await self._settle([j for j in jobs if j not in stored], delete=False)
-                nursery.cancel_scope.cancel()
+            async with settling():  # a stop lets the batch under way finish, bounded
+                stored, failure = await self._store(jobs)
+                await self._settle(stored, delete=True)
+                if failure is not None:
+                    await self._settle([j for j in jobs if j not in stored], delete=False)
             if failure is not None:
                 raise failure
         finally:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.broker.errors import StoreUnavailable
-from gateway.links import LinkStatus
+from gateway.links import SETTLE_LIMIT, LinkStatus, settling
 from gateway.links import nsq_client as nc
 from gateway.links.nsq_upstream import (
     STABLE_AFTER,
@@ -37,8 +37,11 @@ from gateway.links.nsq_upstream import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gateway.broker.broker import Broker
     from gateway.config_links import NSQImportSettings
+    from gateway.model import Message
 
 log = logging.getLogger("gateway.links")
 
@@ -68,6 +71,9 @@ class _Reader:
                 except Ended as why:
                     link.failed(str(why))
                 finally:
+                    # a stop: the batch under way is FIN'd on this connection before it
+                    # closes (its messages would otherwise come again, after msg_timeout)
+                    await link.batch_settled()
                     conn, self.conn = self.conn, None
                     self.unsettled.clear()  # nsqd redelivers them after its msg_timeout
                     if conn is not None:
@@ -190,6 +196,8 @@ class NSQImport:
         # received, not yet published here: (reader, its connection, upstream id, body)
         self._pending: list[_Received] = []
         self._wake = trio.Event()
+        self._settled = trio.Event()  # set while no batch is under way
+        self._settled.set()
         self._store_failing = False
         self._origin = f"nsq_import {name}"  # of every message it publishes
         self._nursery: trio.Nursery | None = None
@@ -268,25 +276,47 @@ class NSQImport:
                 await self._wake.wait()
                 self._wake = trio.Event()
             batch, self._pending = self._pending, []
+            self._settled = trio.Event()
             try:
-                self.broker.publish(
-                    self.to_topic, [entry[3] for entry in batch], origin=self._origin
-                )
-                await self.broker.flush()
-            except StoreUnavailable as exc:
-                delay = backoff.next()
-                self._store_failing = True
-                self.failed(f"publishing into {self.to_topic}: {exc}")
-                await self._settle(batch, int(delay * 1000))
-                self.refresh()
+                async with settling():  # a stop lets the batch under way finish, bounded
+                    delay = await self._store(batch, backoff)
+            finally:
+                self._settled.set()
+            self.refresh()
+            if delay is not None:
                 await trio.sleep(delay)
                 self._store_failing = False
                 self.refresh()
-                continue
-            backoff.reset()
-            await self._settle(batch, None)
-            self.status.moved += len(batch)
-            self.refresh()
+
+    async def _store(self, batch: list[_Received], backoff: Backoff) -> float | None:
+        """Publish and flush the batch, then FIN it; if the store failed, REQ it instead
+        and return the time to wait before the next batch."""
+        published: Sequence[Message] = ()
+        try:
+            published, _ = self.broker.publish(
+                self.to_topic, [entry[3] for entry in batch], origin=self._origin
+            )
+            await self.broker.flush()
+        except StoreUnavailable as exc:
+            # sent back upstream, so none may stay here for the store to write once it
+            # recovers (it would then arrive twice)
+            self.broker.withdraw(published)
+            delay = backoff.next()
+            self._store_failing = True
+            self.failed(f"publishing into {self.to_topic}: {exc}")
+            await self._settle(batch, int(delay * 1000))
+            return delay
+        backoff.reset()
+        await self._settle(batch, None)
+        self.status.moved += len(batch)
+        return None
+
+    async def batch_settled(self) -> None:
+        """Until the batch under way is settled upstream (at most SETTLE_LIMIT), whatever
+        cancellation is under way."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + SETTLE_LIMIT
+            await self._settled.wait()
 
     async def _settle(self, batch: list[_Received], requeue_ms: int | None) -> None:
         by_conn: dict[NSQConnection, tuple[_Reader, list[bytes]]] = {}
