@@ -114,7 +114,7 @@ class Gateway:
         self.cluster = cluster.server
         self.rocketmq = rocketmq.server
         # moving traffic to and from live servers; started once the listeners are bound
-        self.links = configured_links(s, broker)
+        self.links = configured_links(s, broker, self._registered_as)
         if self.links.links:
             self.metrics.watch_links(self.links)
         # every listener in binding order, which the listening lines and the ready line
@@ -127,6 +127,14 @@ class Gateway:
             *rocketmq.listeners,
             *http_listeners(self, self.tls),
         ]
+
+    def _registered_as(self) -> set[str]:
+        """host:port the gateway's NSQ listener is known by to nsqlookupd (none if off)."""
+        if "nsq" not in self.addresses:
+            return set()
+        identity = self._nsqd_identity()
+        host = identity.broadcast_address
+        return {f"[{host}]:{identity.tcp_port}" if ":" in host else f"{host}:{identity.tcp_port}"}
 
     def _nsqd_identity(self) -> Identity:
         """Who the gateway is to an nsqlookupd: what /info and /lookup say of it too."""

@@ -5,7 +5,7 @@ metrics and the admin page read the statuses, nothing else of a link."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -88,17 +88,21 @@ class Links:
             task_status.started()
 
 
-def configured(settings: Settings, broker: Broker) -> Links:
-    """The links of the settings, made but not started."""
+def configured(
+    settings: Settings, broker: Broker, itself: Callable[[], Collection[str]] = tuple
+) -> Links:
+    """The links of the settings, made but not started. `itself`: where the gateway is
+    registered with nsqlookupd (broadcast_address:tcp_port), which the NSQ links never
+    take for an upstream nsqd."""
     makers: list[tuple[list, Callable[..., Link]]] = []
     if settings.nsq_import:
         from gateway.links.nsq_import import NSQImport
 
-        makers.append((settings.nsq_import, NSQImport))
+        makers.append((settings.nsq_import, partial(NSQImport, itself=itself)))
     if settings.nsq_export:
         from gateway.links.nsq_export import NSQExport
 
-        makers.append((settings.nsq_export, NSQExport))
+        makers.append((settings.nsq_export, partial(NSQExport, itself=itself)))
     if settings.beanstalk_import:
         from gateway.links.beanstalk_import import BeanstalkImport
 

@@ -35,6 +35,8 @@ from gateway.links.nsq_upstream import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
     from gateway.broker import Consumer, Group
     from gateway.broker.broker import Broker
     from gateway.config_links import NSQExportSettings
@@ -55,6 +57,7 @@ class NSQExport:
         settings: NSQExportSettings,
         broker: Broker,
         connect: Connect = trio.open_tcp_stream,
+        itself: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.settings = settings
         self.broker = broker
@@ -74,6 +77,7 @@ class NSQExport:
             self.to_topic,
             self._addresses_changed,
             any_node=True,
+            itself=itself,
         )
         self.group: Group | None = None
         self.consumer: Consumer | None = None

@@ -37,7 +37,7 @@ from gateway.links.nsq_upstream import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Collection, Sequence
 
     from gateway.broker.broker import Broker
     from gateway.config_links import NSQImportSettings
@@ -173,6 +173,7 @@ class NSQImport:
         settings: NSQImportSettings,
         broker: Broker,
         connect: Connect = trio.open_tcp_stream,
+        itself: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.settings = settings
         self.broker = broker
@@ -191,6 +192,7 @@ class NSQImport:
             settings.lookupd_poll_interval,
             settings.topic,
             self._addresses_changed,
+            itself=itself,
         )
         self.readers: dict[str, _Reader] = {}
         # received, not yet published here: (reader, its connection, upstream id, body)

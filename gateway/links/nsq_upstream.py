@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
 import httpx
@@ -200,8 +200,13 @@ class Upstream:
         on_change: Callable[[], None],
         *,
         any_node: bool = False,
+        itself: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.static = list(nsqd_addresses)
+        # where the gateway itself is registered (broadcast_address:tcp_port), when it
+        # joins the same lookupds: an import would consume what it publishes, an export
+        # publish to itself, each without end
+        self.itself = itself
         self.lookupds = list(lookupd_addresses)
         self.poll_interval = poll_interval
         self.topic = topic  # /lookup?topic= of it
@@ -217,11 +222,12 @@ class Upstream:
     def addresses(self) -> list[str]:
         """Every nsqd, configured first, then as the lookupds named them, no repeats."""
         seen = dict.fromkeys(self.static)
+        itself = self.itself()
         for producers in self.found.values():
-            seen.update(dict.fromkeys(producers))
+            seen.update(dict.fromkeys(p for p in producers if p not in itself))
         if self.any_node and len(seen) == len(self.static):
             for nodes in self.nodes.values():
-                seen.update(dict.fromkeys(nodes))
+                seen.update(dict.fromkeys(n for n in nodes if n not in itself))
         return list(seen)
 
     async def poll(self) -> None:

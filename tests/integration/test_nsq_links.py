@@ -9,6 +9,7 @@ Every wait is on a condition with a timeout; nothing sleeps for timing.
 from __future__ import annotations
 
 import json
+import socket
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -179,6 +180,35 @@ async def test_import_through_lookupd_follows_the_producers(
             # /lookup no longer names the nsqd: its connection is closed (it holds nothing)
             monkeypatch.setattr(LookupdAPI, "_producers", lambda self: [])
             await wait_for(lambda: not link_obj.readers, "the connection dropped")  # type: ignore[attr-defined]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_the_links_never_take_the_gateway_itself_for_an_upstream_nsqd() -> None:
+    """A gateway registered in the lookupds its import asks is one of the producers of the
+    topic it imports into: consuming from itself, it would move its messages in a circle."""
+    async with running_gateway() as upstream:
+        http = f"127.0.0.1:{free_port()}"  # the gateway's own /lookup is the lookupd here
+        link = {
+            "topic": "src",
+            "channel": "ch",
+            "nsqd_tcp_addresses": [nsq_address(upstream)],
+            "lookupd_http_addresses": [http],
+            "lookupd_poll_interval": 0.05,
+        }
+        async with running_gateway(http=http, nsq_import=[link]) as gw:
+            (importer,) = gw.links.links
+            await publish(upstream, "src", bodies_of(50))
+            await wait_for(lambda: status_of(gw).moved == 50, "50 moved")
+            found = importer.upstream.found  # type: ignore[attr-defined]
+            await wait_for(lambda: found.get(http) == [nsq_address(gw)], "/lookup names it")
+            assert importer.upstream.addresses == [nsq_address(upstream)]  # type: ignore[attr-defined]
+            assert list(gw.broker.topics["src"].groups) == []  # no SUB of its own
+            assert sorted(await drain_all(gw, "src", "c")) == bodies_of(50)
 
 
 async def test_import_fins_only_what_the_store_kept(tmp_path: Path) -> None:
