@@ -24,6 +24,7 @@ from gateway.http import stats as nsqd_stats
 from gateway.http.history import History
 from gateway.http.nsqd import broadcast_address, port_of
 from gateway.http.server import listeners as http_listeners
+from gateway.links import cluster_warnings
 from gateway.links import configured as configured_links
 from gateway.listeners import HTTPListener, Listener, Service
 from gateway.metrics import Metrics
@@ -245,6 +246,8 @@ class Gateway:
                 ", ".join(a.topics) if a.topics else "all",
                 a.body,
             )
+        for warning in cluster_warnings(self.settings):
+            log.warning("%s", warning)
 
     def _log_recovered(self) -> None:
         states, topics, groups = node.held(self.broker)

@@ -88,6 +88,24 @@ class Links:
             task_status.started()
 
 
+def cluster_warnings(settings: Settings) -> list[str]:
+    """Imports that feed the gateway a topic under its own name while the gateway is
+    registered with nsqlookupd: if it is the same cluster, its consumers find the topic on
+    both the nsqds and the gateway and get each message twice (once from each), and nsqd
+    makes, for a topic it makes, every channel the lookupds know of it, the gateway's
+    groups included, which then fill up there with nobody reading."""
+    if not settings.nsqd.lookupd_tcp_addresses:
+        return []
+    return [
+        f"nsq_import of {link.topic}/{link.channel} publishes into the topic {link.topic}"
+        f" of the same name while the gateway is registered with nsqlookupd"
+        f" ({', '.join(settings.nsqd.lookupd_tcp_addresses)}): if that is the cluster it"
+        f" imports from, set to_topic to another name (docs/bridging.md)"
+        for link in settings.nsq_import
+        if link.lookupd_http_addresses and (link.to_topic or link.topic) == link.topic
+    ]
+
+
 def configured(
     settings: Settings, broker: Broker, itself: Callable[[], Collection[str]] = tuple
 ) -> Links:
