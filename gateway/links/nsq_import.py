@@ -22,18 +22,21 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+import httpx
 import trio
 
 from gateway.broker.errors import StoreUnavailable
 from gateway.links import SETTLE_LIMIT, LinkStatus, settling
 from gateway.links import nsq_client as nc
 from gateway.links.nsq_upstream import (
+    LOOKUPD_TIMEOUT,
     STABLE_AFTER,
     Backoff,
     Connect,
     Ended,
     NSQConnection,
     Upstream,
+    channel_depth,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
     from gateway.model import Message
 
 log = logging.getLogger("gateway.links")
+
+LAG_INTERVAL = 5.0  # s between reads of the upstream channel's depth (the status's lag)
 
 
 class _Reader:
@@ -216,7 +221,28 @@ class NSQImport:
             nursery.start_soon(self._mover)
             self._addresses_changed()
             nursery.start_soon(self.upstream.poll)
+            if self.settings.lookupd_http_addresses:
+                nursery.start_soon(self._lag)
             task_status.started()
+
+    async def _lag(self) -> None:
+        """The status's lag: the channel's depth on every nsqd whose HTTP API the lookupds
+        named (their `/stats`), read every LAG_INTERVAL. nsqds given only by their TCP
+        address have no known HTTP API: their depth is not counted."""
+        settings = self.settings
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(LOOKUPD_TIMEOUT), trust_env=False
+        ) as client:
+            while True:
+                https = [self.upstream.http.get(a) for a in self.upstream.addresses]
+                depths = [
+                    await channel_depth(client, http, settings.topic, settings.channel)
+                    for http in https
+                    if http is not None
+                ]
+                known = [d for d in depths if d is not None]
+                self.status.lag = sum(known) if known else None
+                await trio.sleep(LAG_INTERVAL)
 
     def _addresses_changed(self) -> None:
         nursery = self._nursery

@@ -173,9 +173,13 @@ class NSQConnection:
             await self.stream.aclose()
 
 
-def _producers(body: bytes) -> list[str]:
-    """host:port of each producer in a /lookup or /nodes answer (nsqlookupd 1.x, or the
-    0.x envelope `{"status_code": 200, "data": {...}}`)."""
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _producers(body: bytes) -> list[tuple[str, str | None]]:
+    """(host:tcp_port, host:http_port or None) of each producer in a /lookup or /nodes
+    answer (nsqlookupd 1.x, or the 0.x envelope `{"status_code": 200, "data": {...}}`)."""
     value = json.loads(body)
     if isinstance(value, dict) and isinstance(value.get("data"), dict):
         value = value["data"]
@@ -183,8 +187,14 @@ def _producers(body: bytes) -> list[str]:
     for producer in value.get("producers") or []:
         host = producer.get("broadcast_address")
         port = producer.get("tcp_port")
+        http = producer.get("http_port")
         if isinstance(host, str) and host and isinstance(port, int):
-            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            out.append(
+                (
+                    _host_port(host, port),
+                    _host_port(host, http) if isinstance(http, int) and http > 0 else None,
+                )
+            )
     return out
 
 
@@ -215,6 +225,8 @@ class Upstream:
         self.any_node = any_node
         self.on_change = on_change
         self.found: dict[str, list[str]] = {}  # lookupd -> producers it named last
+        # nsqd (host:tcp_port) -> its HTTP API (host:http_port), as the lookupds say
+        self.http: dict[str, str] = {}
         self.nodes: dict[str, list[str]] = {}  # lookupd -> every nsqd it knew last
         self.polled = trio.Event()  # set after the first round of polls
 
@@ -251,14 +263,43 @@ class Upstream:
     async def _ask(self, client: httpx.AsyncClient, lookupd: str) -> None:
         found = await _get(client, f"http://{lookupd}/lookup", {"topic": self.topic})
         if found is not None:
-            self.found[lookupd] = found
+            self.found[lookupd] = [tcp for tcp, _ in found]
+            self.http.update((tcp, http) for tcp, http in found if http is not None)
         if self.any_node:
             nodes = await _get(client, f"http://{lookupd}/nodes", {})
             if nodes is not None:
-                self.nodes[lookupd] = nodes
+                self.nodes[lookupd] = [tcp for tcp, _ in nodes]
 
 
-async def _get(client: httpx.AsyncClient, url: str, params: dict[str, str]) -> list[str] | None:
+async def channel_depth(
+    client: httpx.AsyncClient, http: str, topic: str, channel: str
+) -> int | None:
+    """The messages waiting in topic/channel on the nsqd whose HTTP API is at `http`
+    (`/stats`: the channel's depth, memory and disk), or None if it could not be read."""
+    try:
+        reply = await client.get(
+            f"http://{http}/stats",
+            params={"format": "json", "topic": topic, "channel": channel},
+        )
+        reply.raise_for_status()
+        value = reply.json()
+        if isinstance(value.get("data"), dict):  # nsqd 0.x's envelope
+            value = value["data"]
+        return sum(
+            int(ch["depth"])
+            for t in value.get("topics") or []
+            if t.get("topic_name") == topic
+            for ch in t.get("channels") or []
+            if ch.get("channel_name") == channel
+        )
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.debug("nsqd %s /stats: %s", http, exc)
+        return None
+
+
+async def _get(
+    client: httpx.AsyncClient, url: str, params: dict[str, str]
+) -> list[tuple[str, str | None]] | None:
     """The producers a lookupd names at `url`; None when it could not be asked."""
     try:
         reply = await client.get(url, params=params, headers={"Accept": "application/json"})

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from gateway.app import Gateway
 from gateway.http.lookupd import LookupdAPI
-from gateway.links import LinkStatus
+from gateway.links import LinkStatus, nsq_import
 from gateway.protocols.nsq import events as ev
 from gateway.protocols.nsq.codec import OK_FRAME, NSQServerCodec, error_frame, response_frame
 from gateway.stores import SQLiteStore
@@ -209,6 +210,30 @@ async def test_the_links_never_take_the_gateway_itself_for_an_upstream_nsqd() ->
             assert importer.upstream.addresses == [nsq_address(upstream)]  # type: ignore[attr-defined]
             assert list(gw.broker.topics["src"].groups) == []  # no SUB of its own
             assert sorted(await drain_all(gw, "src", "c")) == bodies_of(50)
+
+
+async def test_import_lag_is_the_upstream_channels_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(nsq_import, "LAG_INTERVAL", 0.05)
+    async with running_gateway(http="127.0.0.1:0") as upstream, httpx.AsyncClient() as http:
+        base = http_base(upstream)
+        await publish(upstream, "src", bodies_of(300))
+        for call in ("channel/create", "channel/pause"):  # nothing leaves it meanwhile
+            reply = await http.post(f"{base}/{call}", params={"topic": "src", "channel": "ch"})
+            assert reply.status_code == 200
+        link = {
+            "topic": "src",
+            "channel": "ch",
+            "lookupd_http_addresses": [base],  # which names the nsqd's HTTP port
+            "lookupd_poll_interval": 0.05,
+        }
+        async with running_gateway(nsq_import=[link]) as gw:
+            status = status_of(gw)
+            await wait_for(lambda: status.lag == 300, "the depth upstream read")
+            assert status.moved == 0
+            await http.post(f"{base}/channel/unpause", params={"topic": "src", "channel": "ch"})
+            await wait_for(lambda: status.moved == 300 and status.lag == 0, "moved, lag 0")
 
 
 async def test_import_fins_only_what_the_store_kept(tmp_path: Path) -> None:
