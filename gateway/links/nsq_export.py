@@ -47,6 +47,11 @@ log = logging.getLogger("gateway.links")
 # s a delivery to the link may stay unanswered before the group gives it to another
 # member (or again to the link): far above an MPUB round trip, as nsqd's msg_timeout is
 IN_FLIGHT_TIMEOUT: Final = 60.0
+# nsqd's answers to a PUB or MPUB that refuse a message for what it is, not for the
+# moment: `E_BAD_MESSAGE MPUB message too big 2000000 > 1048576`, `... invalid message
+# body size 0`, and for a batch bigger than its --max-body-size `E_BAD_BODY MPUB body
+# too big ...`
+REFUSED_MESSAGE: Final = frozenset({"E_BAD_MESSAGE", "E_BAD_BODY"})
 
 
 class NSQExport:
@@ -84,6 +89,10 @@ class NSQExport:
         self._pending: deque[Message] = deque()  # delivered here, not yet sent
         self._sent: deque[list[Message]] = deque()  # sent, waiting for nsqd's answer
         self._storing = 0  # OK'd by nsqd and finished, the finishes not yet stored
+        # ids of messages in a batch nsqd refused as a bad message (too big, empty): sent
+        # alone from then on, so that the one nsqd refuses is found and buried, and the
+        # others of its batch go through
+        self._alone: set[int] = set()
         self._wake = trio.Event()
         self._backoff = Backoff()
 
@@ -184,7 +193,12 @@ class NSQExport:
                 self._refresh()
                 await self._wake.wait()
                 self._wake = trio.Event()
-            batch = [pending.popleft() for _ in range(min(batch_size, len(pending)))]
+            if pending[0].id in self._alone:
+                batch = [pending.popleft()]
+            else:
+                batch = []
+                while pending and len(batch) < batch_size and pending[0].id not in self._alone:
+                    batch.append(pending.popleft())
             self._sent.append(batch)
             self._refresh()
             await conn.send(nc.mpub(self.to_topic, [m.body for m in batch]))
@@ -202,6 +216,8 @@ class NSQExport:
                     if isinstance(frame, nc.ResponseFrame) and frame.data == nc.OK:
                         done.append(self._sent.popleft())
                     elif isinstance(frame, nc.ErrorFrame):
+                        if frame.code in REFUSED_MESSAGE:
+                            self._refused(self._sent[0], frame)
                         raise Ended(f"{conn.address} refused a batch: {frame}")
                     else:
                         raise Ended(f"{conn.address} answered {frame!r:.100}")
@@ -236,6 +252,32 @@ class NSQExport:
         if not group.deleted:
             group.pump()
         self._refresh()
+
+    def _refused(self, batch: list[Message], frame: nc.ErrorFrame) -> None:
+        """nsqd refused a message of `batch` for what it is (too big for its
+        --max-msg-size, or empty): sent again, it would be refused again, forever, with
+        the others of its batch. The messages of a bigger batch are sent alone from now on;
+        a message refused alone is buried in the group, where the admin page shows it and a
+        kick brings it back (after nsqd's limit is raised, say)."""
+        if len(batch) > 1:
+            self._alone.update(m.id for m in batch)
+            return
+        (message,) = batch
+        self._sent.popleft()
+        self._alone.discard(message.id)
+        group, consumer = self.group, self.consumer
+        if group is not None and consumer is not None:
+            group.bury(consumer, message.id)
+        log.error(
+            "nsq_export %s: nsqd refused message %d of %s (%d bytes): %s; buried in %s/%s",
+            self.status.name,
+            message.id,
+            self.settings.topic,
+            len(message.body),
+            frame,
+            self.settings.topic,
+            self.settings.group,
+        )
 
     def _give_back(self) -> None:
         """Every message not answered OK back to the group, ready again after the

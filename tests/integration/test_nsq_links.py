@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from gateway.app import Gateway
+from gateway.broker import query
 from gateway.http.lookupd import LookupdAPI
 from gateway.links import LinkStatus, nsq_import
 from gateway.protocols.nsq import events as ev
@@ -378,6 +379,27 @@ async def test_export_publishes_in_batches_and_finishes_after_ok() -> None:
             assert (group.finish_count, group.requeue_count, group.depth) == (1000, 0, 0)
             assert status.lag == 0 and status.in_flight == 0 and status.errors == 0
             assert sorted(await drain(upstream, "up", "c", 1000)) == sent
+
+
+async def test_export_buries_what_nsqd_refuses_for_good_and_moves_the_rest() -> None:
+    """A message nsqd refuses for what it is (bigger than its --max-msg-size; empty, as a
+    beanstalkd job may be) would be refused again at every retry, with its batch: the
+    batch's messages go alone, and the one refused alone is buried in the group."""
+    good = bodies_of(38)
+    big, empty = b"x" * 200, b""
+    async with running_gateway(nsqd={"max_msg_size": 100}) as upstream:
+        link = {"topic": "out", "nsqd_tcp_addresses": [nsq_address(upstream)], "batch": 10}
+        async with running_gateway(nsq_export=[link]) as gw:
+            status = status_of(gw)
+            gw.broker.publish("out", [*good[:15], big, *good[15:30], empty, *good[30:]])
+            await gw.broker.flush()
+            group = channel_of(gw, "out", "nsq_export")
+            await wait_for(lambda: status.moved == 38, "the 38 others moved", timeout=30)
+            await wait_for(lambda: query.counts(group).buried == 2, "the two refused buried")
+            buried = await query.first(gw.broker, group, "buried", 10)
+            assert sorted(m.body for m in buried) == [empty, big]
+            assert status.errors >= 2 and "E_BAD_MESSAGE" in status.last_error
+            assert sorted(await drain(upstream, "out", "c", 38)) == good
 
 
 async def test_export_gives_back_what_nsqd_refused_or_lost_and_retries() -> None:
