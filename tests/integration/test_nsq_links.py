@@ -381,6 +381,23 @@ async def test_export_publishes_in_batches_and_finishes_after_ok() -> None:
             assert sorted(await drain(upstream, "up", "c", 1000)) == sent
 
 
+async def test_export_through_lookupd_publishes_to_an_nsqd_it_names() -> None:
+    """No nsqd has the topic yet (/lookup names no producer): the link publishes to an
+    nsqd the lookupd knows (/nodes), which makes the topic."""
+    sent = bodies_of(100)
+    async with running_gateway(http="127.0.0.1:0") as upstream:
+        link = {
+            "topic": "out",
+            "lookupd_http_addresses": [http_base(upstream)],
+            "lookupd_poll_interval": 0.05,
+        }
+        async with running_gateway(nsq_export=[link]) as gw:
+            status = status_of(gw)
+            await publish(gw, "out", sent)
+            await wait_for(lambda: status.moved == 100, "100 moved")
+            assert sorted(await drain(upstream, "out", "c", 100)) == sent
+
+
 async def test_export_buries_what_nsqd_refuses_for_good_and_moves_the_rest() -> None:
     """A message nsqd refuses for what it is (bigger than its --max-msg-size; empty, as a
     beanstalkd job may be) would be refused again at every retry, with its batch: the
