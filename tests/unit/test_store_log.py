@@ -338,3 +338,45 @@ async def test_a_log_written_before_bodies_stayed_in_it_is_replayed(tmp_path: Pa
     assert await batch_rows(store) == [(1, 3, False)]
     await store.close()
     assert segments(path.parent / "gateway.db-log") == []  # the index holds those bodies
+
+
+@pytest.fixture
+def mock_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock()
+
+
+async def test_records_nobody_flushes_are_written_within_5_ms_or_50_while_flushes_carry_them(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """A finish nobody awaits is written by the background task 5 ms later. While
+    publishes' flushes keep writing such records first, that task looks every 50 ms only
+    (a timer every 5 ms was a tenth of the event loop's time on PUBs one at a time)."""
+    store = await group_store(tmp_path / "gateway.db")
+    for i in range(1, 11):
+        store.put("t", ["g"], [msg(i)], 0.0)
+    await store.flush()
+
+    async def written_after(seconds: float) -> bool:
+        await trio.testing.wait_all_tasks_blocked()  # the background task's timer set
+        mock_clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()
+        return store._written == store._recorded
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.remove("t", "g", [msg(1)])  # nobody awaits it
+        assert not await written_after(0.004)
+        assert await written_after(0.001)  # 5 ms: the background task wrote it
+        # a stream of publishes, each flushed: they write the records made meanwhile
+        for i in range(11, 21):
+            store.remove("t", "g", [msg(i - 9)])
+            store.put("t", ["g"], [msg(i)], 0.0)
+            await store.flush()
+            assert await written_after(0.001)
+        store.remove("t", "g", [msg(11)])  # then a finish, and no flush after it
+        assert not await written_after(0.005)
+        assert await written_after(0.045)  # within 50 ms
+        store.remove("t", "g", [msg(12)])  # the task wrote last time: 5 ms again
+        assert await written_after(0.005)
+        nursery.cancel_scope.cancel()
+    await store.close()
