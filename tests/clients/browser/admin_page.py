@@ -202,11 +202,20 @@ def main() -> int:
             # the message view
             # pressed, held through a poll, released: the poll's redraw must not swallow
             # the click (pressed on the old row, released on its replacement)
-            box = page.locator(f'tr.peek pre[data-message]:has-text("{args.message}")')
-            box.scroll_into_view_if_needed()
-            where = box.bounding_box()
-            assert where is not None
-            page.mouse.move(where["x"] + where["width"] / 2, where["y"] + where["height"] / 2)
+            # where the message is, found in one script run: a poll's redraw can replace
+            # the element between two calls from here (its replacement sits at the same
+            # place)
+            where = page.evaluate(
+                """text => {
+                    const box = [...document.querySelectorAll("tr.peek pre[data-message]")]
+                        .find(p => p.textContent.includes(text));
+                    box.scrollIntoView({block: "center"});
+                    const r = box.getBoundingClientRect();
+                    return {x: r.x + r.width / 2, y: r.y + r.height / 2};
+                }""",
+                args.message,
+            )
+            page.mouse.move(where["x"], where["y"])
             polls = page.evaluate("() => Number(document.body.dataset.polls || 0)")
             page.mouse.down()
             page.wait_for_function(f"() => Number(document.body.dataset.polls) > {polls}")
