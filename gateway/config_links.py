@@ -18,7 +18,7 @@ def _addresses(value: list[str]) -> list[str]:
     return value
 
 
-class _NSQUpstream(_Section):
+class NSQUpstreamSettings(_Section):
     """Where the upstream nsqds are: listed, or found through nsqlookupd (as a pynsq Reader
     or go-nsq's ConnectToNSQLookupd does)."""
 
@@ -40,13 +40,13 @@ class _NSQUpstream(_Section):
         return _addresses([a.split("://", 1)[-1].rstrip("/") for a in value])
 
     @model_validator(mode="after")
-    def _somewhere(self) -> _NSQUpstream:
+    def _somewhere(self) -> NSQUpstreamSettings:
         if not self.nsqd_tcp_addresses and not self.lookupd_http_addresses:
             raise ValueError("needs nsqd_tcp_addresses or lookupd_http_addresses")
         return self
 
 
-class NSQImportSettings(_NSQUpstream):
+class NSQImportSettings(NSQUpstreamSettings):
     """Consume `topic` as `channel` on the upstream nsqds and publish into the gateway's
     topic `to_topic` (the same name unless set); FIN upstream once stored here."""
 
@@ -56,7 +56,7 @@ class NSQImportSettings(_NSQUpstream):
     max_in_flight: int = Field(200, ge=1)
 
 
-class NSQExportSettings(_NSQUpstream):
+class NSQExportSettings(NSQUpstreamSettings):
     """Consume the gateway's `topic` as the group `group` and MPUB it to an upstream nsqd
     as `to_topic` (the same name unless set); finish here once nsqd said OK."""
 

@@ -32,6 +32,14 @@ class LinkStatus:
     lag: int | None = None  # waiting at the source, where it says (None: not known)
     last_error: str = ""
 
+    def failed(self, why: str) -> bool:
+        """Count an error: True when it is news (not the last one again), worth a warning
+        rather than one more line for a server that stays away."""
+        news = not self.errors or self.last_error != why
+        self.errors += 1
+        self.last_error = why
+        return news
+
 
 # s a batch under way may still take, once the link is told to stop, to be settled on both
 # sides (stored here and deleted or FIN'd there)

@@ -20,7 +20,8 @@ import trio
 
 from gateway.addresses import format_address
 from gateway.links import LinkStatus
-from gateway.links.beanstalk_client import BeanstalkClient, Reply, command, put
+from gateway.links.beanstalk_client import BeanstalkClient
+from gateway.links.beanstalk_codec import Reply, command, put
 from gateway.links.beanstalk_import import LINK_ERRORS
 from gateway.links.beanstalk_mover import DestinationFailed, Job, Mover, Tally
 

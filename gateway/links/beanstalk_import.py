@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.addresses import format_address
+from gateway.backoff import Backoff
 from gateway.broker.errors import StoreUnavailable
 from gateway.links import LinkStatus
-from gateway.links.beanstalk_client import BeanstalkClient, ProtocolError
+from gateway.links.beanstalk_client import BeanstalkClient
+from gateway.links.beanstalk_codec import ProtocolError
 from gateway.links.beanstalk_mover import DestinationFailed, Job, Mover
 
 if TYPE_CHECKING:
@@ -29,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.links")
 
-BACKOFF_MIN = 0.1  # s before the first reconnection; doubled after each failure
-BACKOFF_MAX = 15.0
 
 # what ends one connection's work: the connection lost or refused, a reply the mover
 # cannot use, or the gateway's store refusing the jobs (they were released back)
@@ -99,7 +99,7 @@ class BeanstalkImport:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         status = self.status
-        backoff = BACKOFF_MIN
+        backoff = Backoff()
         try:
             while True:
                 moved_before = status.moved
@@ -110,17 +110,15 @@ class BeanstalkImport:
                         log.info("%s: done, %d jobs moved", status.name, status.moved)
                         return
                 except LINK_ERRORS as exc:
-                    status.errors += 1
-                    status.last_error = str(exc) or exc.__class__.__name__
+                    status.failed(str(exc) or exc.__class__.__name__)
                     # the first failure after a good stretch is worth a warning; the
                     # retries of a server that stays away are not
-                    level = logging.WARNING if backoff == BACKOFF_MIN else logging.DEBUG
+                    level = logging.WARNING if backoff.delay == backoff.first else logging.DEBUG
                     log.log(level, "%s: %s", status.name, status.last_error)
                 if status.moved > moved_before:
-                    backoff = BACKOFF_MIN  # it worked for a while: start again quickly
+                    backoff.reset()  # it worked for a while: start again quickly
                 status.state = "backing off"
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                await trio.sleep(backoff.next())
         finally:
             if status.state != "done":
                 status.state = "stopped"

@@ -23,13 +23,8 @@ from typing import Protocol
 import trio
 
 from gateway.links import LinkStatus, settling
-from gateway.links.beanstalk_client import (
-    BeanstalkClient,
-    ProtocolError,
-    Reply,
-    command,
-    yaml_dict,
-)
+from gateway.links.beanstalk_client import BeanstalkClient
+from gateway.links.beanstalk_codec import ProtocolError, Reply, command, yaml_dict
 
 log = logging.getLogger("gateway.links")
 

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from gateway.backoff import Backoff
 from gateway.broker.errors import StoreUnavailable
 from gateway.links import LinkStatus
 from gateway.links import nsq_client as nc
 from gateway.links.nsq_upstream import (
-    STABLE_AFTER,
-    Backoff,
     Connect,
     Ended,
     NSQConnection,
@@ -68,21 +67,15 @@ class NSQExport:
         self.broker = broker
         self.connect = connect
         self.to_topic = settings.to_topic or settings.topic
+        self._changed = trio.Event()  # the upstream addresses changed
+        self.upstream = Upstream(
+            settings, self.to_topic, self._addresses_changed, any_node=True, itself=itself
+        )
         self.status = LinkStatus(
             "nsq_export",
             settings.name or f"nsq_export:{settings.topic}",
-            ", ".join([*settings.nsqd_tcp_addresses, *settings.lookupd_http_addresses]),
+            self.upstream.configured,
             state="connecting",
-        )
-        self._changed = trio.Event()  # the upstream addresses changed
-        self.upstream = Upstream(
-            settings.nsqd_tcp_addresses,
-            settings.lookupd_http_addresses,
-            settings.lookupd_poll_interval,
-            self.to_topic,
-            self._addresses_changed,
-            any_node=True,
-            itself=itself,
         )
         self.group: Group | None = None
         self.consumer: Consumer | None = None
@@ -152,8 +145,7 @@ class NSQExport:
                 index += 1  # failover: the next nsqd
             finally:
                 self._give_back()
-            if trio.current_time() - started > STABLE_AFTER:
-                self._backoff.reset()
+            self._backoff.lasted(trio.current_time() - started)
             status.state = "backing off"
             await trio.sleep(self._backoff.next())
 
@@ -295,11 +287,8 @@ class NSQExport:
         self._refresh()
 
     def _failed(self, why: str) -> None:
-        status = self.status
-        if not status.errors or status.last_error != why:
-            log.warning("nsq_export %s: %s", status.name, why)
-        status.errors += 1
-        status.last_error = why
+        if self.status.failed(why):
+            log.warning("nsq_export %s: %s", self.status.name, why)
 
     def _refresh(self) -> None:
         status = self.status

@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
+from gateway.backoff import Backoff
 from gateway.broker.errors import StoreUnavailable
 from gateway.links import SETTLE_LIMIT, LinkStatus, settling
 from gateway.links import nsq_client as nc
 from gateway.links.nsq_upstream import (
     LOOKUPD_TIMEOUT,
-    STABLE_AFTER,
-    Backoff,
     Connect,
     Ended,
     NSQConnection,
@@ -86,8 +85,7 @@ class _Reader:
                     link.refresh()
                 if self.retiring:
                     break
-                if trio.current_time() - started > STABLE_AFTER:
-                    backoff.reset()
+                backoff.lasted(trio.current_time() - started)
                 self.backing_off = True
                 link.refresh()
                 await trio.sleep(backoff.next())
@@ -185,20 +183,8 @@ class NSQImport:
         self.connect = connect
         self.to_topic = settings.to_topic or settings.topic
         name = settings.name or f"nsq_import:{settings.topic}/{settings.channel}"
-        self.status = LinkStatus(
-            "nsq_import",
-            name,
-            ", ".join([*settings.nsqd_tcp_addresses, *settings.lookupd_http_addresses]),
-            state="connecting",
-        )
-        self.upstream = Upstream(
-            settings.nsqd_tcp_addresses,
-            settings.lookupd_http_addresses,
-            settings.lookupd_poll_interval,
-            settings.topic,
-            self._addresses_changed,
-            itself=itself,
-        )
+        self.upstream = Upstream(settings, settings.topic, self._addresses_changed, itself=itself)
+        self.status = LinkStatus("nsq_import", name, self.upstream.configured, state="connecting")
         self.readers: dict[str, _Reader] = {}
         # received, not yet published here: (reader, its connection, upstream id, body)
         self._pending: list[_Received] = []
@@ -276,11 +262,8 @@ class NSQImport:
         self._wake.set()
 
     def failed(self, why: str) -> None:
-        status = self.status
-        if not status.errors or status.last_error != why:
-            log.warning("nsq_import %s: %s", status.name, why)
-        status.errors += 1
-        status.last_error = why
+        if self.status.failed(why):
+            log.warning("nsq_import %s: %s", self.status.name, why)
 
     def refresh(self) -> None:
         """The status's state and in-flight count, from the connections."""

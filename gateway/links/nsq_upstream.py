@@ -16,7 +16,7 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Collection
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import httpx
 import trio
@@ -25,17 +25,14 @@ from gateway import __version__
 from gateway.addresses import parse_address
 from gateway.links import nsq_client as nc
 
+if TYPE_CHECKING:
+    from gateway.config_links import NSQUpstreamSettings
+
 log = logging.getLogger("gateway.links")
 
 CONNECT_TIMEOUT: Final = 5.0
 IDENTIFY_TIMEOUT: Final = 5.0
 LOOKUPD_TIMEOUT: Final = 5.0
-# Between attempts after a failure: from FIRST_RETRY doubling up to MAX_RETRY, as the
-# nsqlookupd registration does (gateway/protocols/nsq/lookupd.py). A connection that
-# stayed up STABLE_AFTER seconds starts the next backoff from the beginning.
-FIRST_RETRY: Final = 0.1
-MAX_RETRY: Final = 15.0
-STABLE_AFTER: Final = 10.0
 _RECEIVE_SIZE: Final = 65536
 # seconds without a byte from nsqd before its connection counts as dead: two of its
 # default heartbeat intervals (30 s), as nsqd allows its clients
@@ -44,21 +41,6 @@ SILENCE: Final = 65.0
 USER_AGENT: Final = f"gateway-link/{__version__}"
 
 Connect = Callable[[str, int], Awaitable[trio.abc.Stream]]
-
-
-class Backoff:
-    """The delay before the next attempt, doubling on each failure."""
-
-    def __init__(self) -> None:
-        self.delay = FIRST_RETRY
-
-    def reset(self) -> None:
-        self.delay = FIRST_RETRY
-
-    def next(self) -> float:
-        delay = self.delay
-        self.delay = min(delay * 2, MAX_RETRY)
-        return delay
 
 
 class Ended(Exception):
@@ -203,22 +185,22 @@ class Upstream:
 
     def __init__(
         self,
-        nsqd_addresses: list[str],
-        lookupd_addresses: list[str],
-        poll_interval: float,
+        settings: NSQUpstreamSettings,
         topic: str,
         on_change: Callable[[], None],
         *,
         any_node: bool = False,
         itself: Callable[[], Collection[str]] = tuple,
     ) -> None:
-        self.static = list(nsqd_addresses)
+        self.static = list(settings.nsqd_tcp_addresses)
         # where the gateway itself is registered (broadcast_address:tcp_port), when it
         # joins the same lookupds: an import would consume what it publishes, an export
         # publish to itself, each without end
         self.itself = itself
-        self.lookupds = list(lookupd_addresses)
-        self.poll_interval = poll_interval
+        self.lookupds = list(settings.lookupd_http_addresses)
+        self.poll_interval = settings.lookupd_poll_interval
+        # for people (the link's status): the servers as configured
+        self.configured = ", ".join([*self.static, *self.lookupds])
         self.topic = topic  # /lookup?topic= of it
         # when no lookupd lists a producer of the topic, every nsqd they know (/nodes): a
         # publisher may make the topic on any

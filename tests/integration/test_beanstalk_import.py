@@ -24,7 +24,8 @@ import trio
 from gateway.app import Gateway
 from gateway.config_links import BeanstalkImportSettings
 from gateway.links import LinkStatus
-from gateway.links.beanstalk_client import BeanstalkClient, command, put, yaml_dict
+from gateway.links.beanstalk_client import BeanstalkClient
+from gateway.links.beanstalk_codec import command, put, yaml_dict
 from gateway.links.beanstalk_import import BeanstalkImport
 from gateway.links.beanstalk_mover import BATCH, Job, Mover
 from tests.beanstalk_replay import beanstalkd

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from gateway.addresses import parse_address
+from gateway.backoff import Backoff
 from gateway.broker import query
 from gateway.protocols.nsq import lookupd_codec as lc
 from gateway.protocols.nsq.names import is_valid_name
@@ -176,7 +177,7 @@ class LookupdPeer:
             self._wake.set()
 
     async def run(self) -> None:
-        delay = FIRST_RETRY
+        backoff = Backoff(FIRST_RETRY, MAX_RETRY, STABLE_AFTER)
         while True:
             started = trio.current_time()
             try:
@@ -187,10 +188,8 @@ class LookupdPeer:
             finally:
                 self.connected = False
                 self._connected_gauge.set(0)
-            if trio.current_time() - started > STABLE_AFTER:
-                delay = FIRST_RETRY
-            await trio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY)
+            backoff.lasted(trio.current_time() - started)
+            await trio.sleep(backoff.next())
 
     def _lost(self, why: str) -> None:
         where = f"nsqlookupd {self.address}"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.links.beanstalk_client import (
+from gateway.links.beanstalk_codec import (
     ProtocolError,
     Reply,
     ReplyReader,
