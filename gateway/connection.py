@@ -5,6 +5,7 @@ it uses are in gateway.tcp."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import ssl
@@ -12,15 +13,17 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.broker.errors import StoreUnavailable
 from gateway.logs import Throttle, dropped_note, shown
-from gateway.tcp import Turn, receive, socket_fd, try_write
+from gateway.tcp import Turn, answered, receive, socket_fd, try_write
 
 if TYPE_CHECKING:
+    from gateway.broker.pass_end import PassEnd
     from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway")
@@ -169,6 +172,7 @@ class Connection:
         *,
         commit: Callable[[], Awaitable[None]] | None = None,
         commit_now: Callable[[], bool] | None = None,
+        pass_end: PassEnd | None = None,
         buffered: Buffered | None = None,
         turn_budget: float = DEFAULT_TURN,
         max_errors_in_a_row: int = 0,
@@ -216,6 +220,9 @@ class Connection:
         self._commit = commit
         # settles a commit without waiting where the store can (Broker.flush_now)
         self._commit_now = commit_now
+        # or hands it to the end of the scheduler's pass, which settles the commits of
+        # every connection with one write (Broker.pass_end)
+        self._pass_end = pass_end
         self._commits: deque[_Commit] = deque()  # started or open, oldest first
         self.open_commit: _Commit | None = None  # collecting the replies of a batch
         self._taken = 0  # frames ever taken off the head of `out` (a place = _taken + index)
@@ -376,7 +383,15 @@ class Connection:
     def _settled_now(self, commit: _Commit) -> bool:
         """Settle `commit` without waiting if the store can: no task, no scheduler pass
         between a reply and its commit. A failure takes the waiting path, which answers
-        it (and ends the connection where the protocol does)."""
+        it (and ends the connection where the protocol does). Where the commits of a pass
+        share one write (PassEnd), every commit but the pass's first is handed to the end
+        of the pass instead: its replies leave from there."""
+        pass_end = self._pass_end
+        if pass_end is not None and pass_end.joins():
+            pass_end.defer(partial(self._settle_at_pass_end, commit))
+            if self.fd is not None:
+                answered(self.fd)  # the reply leaves before the client can say more
+            return True
         if self._commit_now is None:
             return False
         try:
@@ -387,6 +402,26 @@ class Connection:
         commit.done = True
         self._release()
         return True
+
+    def _settle_at_pass_end(self, commit: _Commit, error: StoreUnavailable | None) -> None:
+        """The end of the pass wrote the records (or could not): release the replies and
+        write them now (PassEnd: no task runs, nothing here may wait)."""
+        commit.error = error
+        commit.done = True
+        self._release()
+        if self.ended:
+            if self.nursery is not None:
+                with contextlib.suppress(RuntimeError):  # the connection is over already
+                    self.nursery.start_soon(self._last_words)
+        elif not self.holding and self.out:
+            self.write_queued()
+
+    async def _last_words(self) -> None:
+        """What may still go out goes at once, then the connection ends."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            with trio.move_on_after(_LAST_WORDS):
+                await self.flush_all()
+        self.cancel()
 
     async def settled(self, most: int = 0) -> None:
         """Until at most `most` commits hold replies (the open one started first)."""
@@ -407,13 +442,11 @@ class Connection:
 
     async def _commit_task(self, commit: _Commit) -> None:
         await self._settle(commit)
+        if self.ended:
+            await self._last_words()
+            return
         try:
-            if self.ended:
-                # what may still go out goes at once, then the connection ends
-                with trio.move_on_after(_LAST_WORDS):
-                    await self.flush_all()
-                self.cancel()
-            elif not self.holding and self.out:
+            if not self.holding and self.out:
                 await self.flush()  # what was released; a batch under way writes at its end
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.cancel()  # the peer went away: the session ends quietly

@@ -182,6 +182,11 @@ def socket_fd(stream: trio.abc.Stream) -> int | None:
     return stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
 
 
+def answered(fd: int) -> None:
+    """A reply to what was read from `fd` is on its way (see _ANSWERED)."""
+    _streaks[fd] = _ANSWERED
+
+
 def try_write(fd: int, data: bytes | memoryview) -> int:
     """One non-blocking write straight to the socket; how many bytes it took.
 

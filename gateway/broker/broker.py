@@ -21,6 +21,7 @@ import trio
 from gateway.broker.errors import StoreUnavailable
 from gateway.broker.group import Consumer, Group
 from gateway.broker.journal import NULL_JOURNAL, from_wall, journal_for
+from gateway.broker.pass_end import PassEnd
 from gateway.broker.queues import LocalQueue
 from gateway.broker.stats import Histogram
 from gateway.broker.taps import InterestWatch, Tap, Taps
@@ -73,6 +74,10 @@ class Broker:
         # the records whose replies wait for their commit, counted (Owed): a session
         # compares `owed.count` before and after a command
         self.owed = self.journal.owed
+        # where a commit settles with one write to the OS, the connections' commits of a
+        # pass share that write, made as the pass ends (pass_end.py); None: each settles
+        # by itself (nothing to write, or it waits for a disk or a server)
+        self.pass_end = PassEnd(self.journal.flush_now) if self.journal.writes_on_loop else None
         self.max_attempts = max_attempts
         self.topics: dict[str, Topic] = {}
         self.last_id = 0
@@ -146,11 +151,19 @@ class Broker:
                 self.on_groups(topic.name, True)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The store's committer, the pager (or the claimer), and the timer task."""
+        """The store's committer, the pager (or the claimer), the timer task, and the end of
+        each pass of the scheduler that writes the commits of many connections at once."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.journal.run)
             nursery.start_soon(self.queues.run)
-            await self._run_timers(task_status)
+            pass_end = self.pass_end
+            if pass_end is not None:
+                pass_end.install()
+            try:
+                await self._run_timers(task_status)
+            finally:
+                if pass_end is not None:
+                    pass_end.uninstall()
 
     async def _run_timers(self, task_status: trio.TaskStatus[None]) -> None:
         """Wakes at the earliest deadline or deferral any group asked for."""

@@ -128,7 +128,16 @@ class Recorder:
 
 class Journal:
     __slots__ = (
-        *("allocates_ids", "backend", "ceiling", "durable", "flush_waits", "forgets", "pager"),
+        *(
+            "allocates_ids",
+            "backend",
+            "ceiling",
+            "durable",
+            "flush_waits",
+            "forgets",
+            "pager",
+            "writes_on_loop",
+        ),
         "reserved",
         *("owed", "store"),
     )
@@ -144,6 +153,7 @@ class Journal:
         self.durable = store.durable if store else False
         self.allocates_ids = store.allocates_ids if store else False
         self.flush_waits = store.flush_waits if store else False
+        self.writes_on_loop = store.writes_on_loop if store else False
         # the last id reserved in the store, and a block below it the point past which
         # the next block is reserved; the broker compares each publish's last id with
         # `ceiling` before calling ids_used (one test instead of a call)

@@ -229,6 +229,10 @@ class Store(abc.ABC):
     # whether `flush` usually waits (a disk's fsync, a server): a session then lets what
     # the client has already sent join a batch before its commit
     flush_waits: bool = False
+    # whether `flush_now` settles by writing to the operating system on the event loop
+    # (the durable store's interval and "never" policies): the broker then makes that one
+    # write per pass of the scheduler for every connection at once (broker/pass_end.py)
+    writes_on_loop: bool = False
 
     def flush_now(self) -> bool:
         """`flush` without waiting, where the store can: True once everything recorded

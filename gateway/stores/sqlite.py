@@ -89,6 +89,7 @@ class SQLiteStore(Store):
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: FsyncPolicy = 50) -> None:
         self.flush_waits = fsync == "always"  # otherwise one write on the event loop
+        self.writes_on_loop = fsync != "always"
         self.path = Path(path)
         self.log_dir = Path(f"{self.path}-log")
         self.where = str(self.path)

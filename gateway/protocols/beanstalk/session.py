@@ -71,6 +71,7 @@ class BeanstalkSession:
             turn_budget=server.turn_budget,
             commit=server.broker.flush,
             commit_now=server.broker.flush_now,
+            pass_end=server.broker.pass_end,
             batched_bytes=True,
         )
         self._owed = server.broker.owed  # which replies wait for their commit

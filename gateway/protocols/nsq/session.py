@@ -103,6 +103,7 @@ class NSQSession:
             server.metrics,
             commit=server.broker.flush,
             commit_now=server.broker.flush_now,
+            pass_end=server.broker.pass_end,
             turn_budget=server.turn_budget,
             batched_bytes=True,
         )

@@ -69,6 +69,7 @@ class RocketMQSession:
             server.metrics,
             commit=broker.flush,
             commit_now=broker.flush_now,
+            pass_end=broker.pass_end,
         )
         self._owed = server.broker.owed  # which sends' answers wait for their commit
         self.codec = RemotingCodec(server.max_frame_size, server.max_header_size)

@@ -1,0 +1,114 @@
+"""The end of a pass: the commits of many connections settled by one write of the store's
+records, made as a pass of Trio's scheduler ends, just before it waits for I/O
+(docs/storage.md, "The write path").
+
+Redis writes its append-only file at the same point ("before sleep": every command of the
+event-loop iteration has run, and no client has its reply yet). The first connection of a
+pass whose replies wait for the store writes the records itself, at once: a client alone
+pays nothing for an end of the pass it would wait for. Every later one of the same pass
+hands its commit over (`defer`); when the pass ends, one `os.write()` carries all their
+records, and each connection then writes its released replies to its socket from here,
+without a task switch. Sixteen publishers sending one PUB at a time each paid for a frame,
+its CRC and a write before; now two writes serve them all.
+
+This runs inside Trio's run loop, between two passes, where no task runs, so two rules:
+nothing may escape it (Trio would remove the instrument, and every later commit would
+hang), and a task made runnable here (a connection's writer for what its socket did not
+take, a task waiting for a release, the fsync thread's waiter) would wait for the next
+I/O event or deadline, because the wait's timeout is fixed already. So the instrument also
+notes every task scheduled, and after such a pass it ends the coming wait at once through
+the run_sync_soon queue, which Trio watches with the rest of its I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from gateway.broker.errors import StoreUnavailable
+
+log = logging.getLogger("gateway")
+
+# settles one connection's commit: None once the records are written, else why not
+Settle = Callable[[StoreUnavailable | None], None]
+
+
+def _nothing() -> None:
+    """Queued only to end the scheduler's wait for I/O at once."""
+
+
+class PassEnd(trio.abc.Instrument):
+    """The commits of a pass after its first (`joins`, `defer`), settled with one write of
+    the store's records as the pass ends. Active between `install()` and `uninstall()`
+    (the broker's run); `write` is the journal's `flush_now` for a store that settles
+    by writing to the operating system (Store.writes_on_loop)."""
+
+    def __init__(self, write: Callable[[], bool]) -> None:
+        self._write = write
+        self._settles: list[Settle] = []
+        self._first_taken = False  # a commit of this pass was written at once
+        self._scheduled = False  # a task was made runnable while settling
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    def install(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        trio.lowlevel.add_instrument(self)
+
+    def uninstall(self) -> None:
+        trio.lowlevel.remove_instrument(self)
+        self._token = None
+        self._settle()  # what is left, from the broker's task: nothing to wake specially
+
+    def joins(self) -> bool:
+        """Whether a commit now waits for the end of the pass: not the pass's first, which
+        writes at once, but every later one."""
+        if self._token is None:
+            return False
+        if self._first_taken:
+            return True
+        self._first_taken = True
+        return False
+
+    def defer(self, settle: Settle) -> None:
+        """`settle` is called as this pass ends, with None once every record made so far
+        is written, or with why it could not be."""
+        self._settles.append(settle)
+
+    # -- trio.abc.Instrument -------------------------------------------------------
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self._scheduled = True
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._first_taken = False
+        if not self._settles:
+            return
+        self._scheduled = False
+        try:
+            self._settle()
+        except BaseException:  # never out of an instrument (see the module)
+            log.exception("settling the commits of a pass failed")
+        if self._scheduled and timeout > 0 and self._token is not None:
+            self._token.run_sync_soon(_nothing)
+
+    def _settle(self) -> None:
+        settles, self._settles = self._settles, []
+        if not settles:
+            return
+        error: StoreUnavailable | None = None
+        try:
+            if not self._write():
+                # only a store whose flush waits says so, and none of those is here
+                error = StoreUnavailable("the store did not take the records")
+        except StoreUnavailable as exc:
+            error = exc
+        except Exception as exc:  # a bug: the clients get a failure, not a hang
+            log.exception("writing the records of a pass failed")
+            error = StoreUnavailable(f"write failed: {exc!r}")
+        for settle in settles:
+            try:
+                settle(error)
+            except Exception:
+                log.exception("settling a commit at the end of a pass failed")

@@ -1,0 +1,94 @@
+"""broker/pass_end.py: the end of a pass settles the commits handed to it with one write,
+the first commit of a pass is not handed over, and a task a settle makes runnable runs
+at once even though the loop was about to sleep."""
+
+from __future__ import annotations
+
+import trio
+
+from gateway.broker.errors import StoreUnavailable
+from gateway.broker.pass_end import PassEnd
+
+
+class Writes:
+    def __init__(self) -> None:
+        self.count = 0
+        self.error: StoreUnavailable | None = None
+
+    def __call__(self) -> bool:
+        self.count += 1
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+async def test_the_commits_of_a_pass_after_the_first_share_one_write() -> None:
+    writes = Writes()
+    pass_end = PassEnd(writes)
+    assert not pass_end.joins()  # not installed: every commit settles by itself
+    pass_end.install()
+    try:
+        outcomes: list[StoreUnavailable | None] = []
+        assert not pass_end.joins()  # the pass's first writes at once
+        for _ in range(5):
+            assert pass_end.joins()
+            pass_end.defer(outcomes.append)
+        assert writes.count == 0
+        await trio.sleep(0)  # the pass ends
+        assert writes.count == 1
+        assert outcomes == [None] * 5
+        assert not pass_end.joins()  # a new pass: its first writes at once again
+
+        writes.error = StoreUnavailable("disk full")
+        assert pass_end.joins()
+        pass_end.defer(outcomes.append)
+        await trio.sleep(0)
+        assert outcomes[-1] is writes.error
+    finally:
+        pass_end.uninstall()
+
+
+async def test_a_task_a_settle_wakes_runs_at_once() -> None:
+    """The settle runs as the loop is about to sleep until the next deadline (10 s away):
+    the task it wakes must not wait for that deadline."""
+    pass_end = PassEnd(Writes())
+    pass_end.install()
+    released = trio.Event()
+    woke_at: list[float] = []
+
+    async def waiter() -> None:
+        await released.wait()
+        woke_at.append(trio.current_time())
+
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.05)  # the waiter is parked
+                assert not pass_end.joins()
+                assert pass_end.joins()
+                pass_end.defer(lambda _error: released.set())
+                began = trio.current_time()
+        assert woke_at and woke_at[0] - began < 1.0
+    finally:
+        pass_end.uninstall()
+
+
+async def test_a_settle_that_raises_does_not_stop_the_others() -> None:
+    pass_end = PassEnd(Writes())
+    pass_end.install()
+    outcomes: list[StoreUnavailable | None] = []
+
+    def broken(_error: StoreUnavailable | None) -> None:
+        raise RuntimeError("a bug in one connection")
+
+    try:
+        pass_end.joins()
+        for settle in (outcomes.append, broken, outcomes.append):
+            assert pass_end.joins()
+            pass_end.defer(settle)
+        await trio.sleep(0)
+        assert outcomes == [None, None]
+        assert pass_end.joins() is False  # still installed, still ending passes
+    finally:
+        pass_end.uninstall()
