@@ -95,7 +95,7 @@ def connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, not more
     version = db.execute("PRAGMA user_version").fetchone()[0]
     tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    if tables and version not in (1, 2, sql.VERSION):
+    if tables and version not in (1, 2, 3, sql.VERSION):
         db.close()
         raise StoreError(
             f"store {path}: format {version} is not this gateway's"
@@ -106,6 +106,8 @@ def connect(path: Path) -> sqlite3.Connection:
         db.executescript(sql.MIGRATE_1)
     if tables and version in (1, 2):
         db.executescript(sql.MIGRATE_2)
+    if tables and version in (1, 2, 3):
+        db.executescript(sql.MIGRATE_3)
         log.warning("store %s: converted from format %d to %d", path, version, sql.VERSION)
     db.executescript(sql.INDEXES)
     db.execute(f"PRAGMA user_version = {sql.VERSION}")

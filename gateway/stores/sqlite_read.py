@@ -19,7 +19,7 @@ from gateway.stores.sqlite_segments import batch_bodies
 
 _BATCH = (
     "SELECT ts, ttr, origin, reply_to, headers, header_block, bodies, ends, stamps,"
-    " seg, off, size, crc, starts FROM batches WHERE id = ?"
+    " seg, off, size, crc, starts, origins FROM batches WHERE id = ?"
 )
 
 
@@ -35,7 +35,7 @@ class _Batches:
         b = self.cache.get(batch)
         if b is None:
             row = self.db.execute(_BATCH, (batch,)).fetchone()
-            bodies = row[6] if row[9] is None else batch_bodies(self.log, *row[9:], row[7])
+            bodies = row[6] if row[9] is None else batch_bodies(self.log, *row[9:14], row[7])
             ends = array("I")
             ends.frombytes(row[7])
             headers = [tuple(h) for h in json.loads(row[4])] if row[4] else None
@@ -43,7 +43,8 @@ class _Batches:
             if row[8]:
                 stamps = array("q")
                 stamps.frombytes(row[8])
-            b = self.cache[batch] = (*row[:4], headers, row[5], bodies, ends, stamps)
+            origins = json.loads(row[14]) if row[14] else None  # one per message, if they differ
+            b = self.cache[batch] = (*row[:4], headers, row[5], bodies, ends, stamps, origins)
         return b
 
 
@@ -61,10 +62,10 @@ def _expand(
     start, n, gone, _left, batch, attempts, due, _state, tries = run
     bits = int.from_bytes(gone, "little") if gone else 0
     counts = tries_of(tries) if tries else None
-    ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps = batches.get(batch)
+    ts, ttr, origin, reply_to, headers, block, bodies, ends, stamps, origins = batches.get(batch)
     base = start - batch  # the run's first message's place in its batch
     first = max(from_id - start, 0)
-    if not bits and not counts and not stamps and not due:
+    if not bits and not counts and not stamps and not origins and not due:
         # the common run (a page-in of a backlog): its messages differ in id and body
         # only, built without a call per message
         stop = n if limit < 0 else min(n, first + limit - len(out))
@@ -91,9 +92,8 @@ def _expand(
         body = bodies[ends[j - 1] if j else 0 : ends[j]]
         a = counts.get(k, attempts) if counts else attempts
         stamp = stamps[j] if stamps else ts
-        msg = Message(
-            start + k, topic, body, stamp, headers, a, priority, due, ttr, reply_to, origin
-        )
+        came = origins[j] if origins else origin
+        msg = Message(start + k, topic, body, stamp, headers, a, priority, due, ttr, reply_to, came)
         msg.header_block = block
         out.append(msg)
         if len(out) == limit:

@@ -6,7 +6,8 @@ which makes a publish's record.
 Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish: where its bodies are, end to end (`ends`: where each
   one ends, uint32 native order), and the fields its messages share (timestamp, ttr,
-  origin, reply_to, headers); `refs` counts the messages of it still queued in a group.
+  origin, reply_to, headers; `stamps` and `origins` hold one per message where they
+  differ); `refs` counts the messages of it still queued in a group.
   The bodies stay in the log segment they were written to (`seg`, `off`, `size`, with
   their CRC-32C): the index holds where they are, not a copy. A batch a compaction moved
   out of an old segment, or one from a log written before format 3, holds its bodies
@@ -25,7 +26,8 @@ Tables (docs/storage.md, "The index"):
 
 Format 1 kept one `entries` row per (group, message); opening such a file turns each into
 a run of one (`MIGRATE_1`). Format 2 held every batch's bodies; `MIGRATE_2` adds where
-they are, and its batches keep their bodies.
+they are, and its batches keep their bodies. Format 3 had no `origins`: its batches are
+each one origin's (`MIGRATE_3`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
     bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB,
-    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER, starts BLOB);
+    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER, starts BLOB, origins TEXT);
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
@@ -91,15 +93,17 @@ ALTER TABLE batches ADD COLUMN starts BLOB;
 COMMIT;
 """
 
-VERSION = 3  # PRAGMA user_version of this format
+MIGRATE_3 = "ALTER TABLE batches ADD COLUMN origins TEXT;"
+
+VERSION = 4  # PRAGMA user_version of this format
 RAISE_CEILING = (
     "INSERT INTO meta VALUES ('id_ceiling', ?)"
     " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)"
 )
 _INSERT_BATCH = (
     "INSERT INTO batches (id, last, ts, ttr, origin, reply_to, headers, header_block, bodies,"
-    " ends, refs, stamps, seg, off, size, crc, starts)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " ends, refs, stamps, seg, off, size, crc, starts, origins)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _SPAN = 1 << 20  # a publish's bodies this far after the last ones' start another batch
 
@@ -327,7 +331,9 @@ def _put(
     batch_rows = []
     run_rows = []
     written = 0
-    for _, gids, first, n, due, priority, attempts, fields, batch, stamps in _coalesced(puts):
+    for _, gids, first, n, due, priority, attempts, fields, batch, stamps, origins in _coalesced(
+        puts
+    ):
         end = first + n
         refs = 0
         for gid in gids:
@@ -374,7 +380,7 @@ def _put(
                     ends = array("I", (size,)).tobytes()
             batch_rows.append(
                 (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs,
-                 stamps, seg, off, size, crc, starts)
+                 stamps, seg, off, size, crc, starts, origins)
             )  # fmt: skip
     if batch_rows:
         db.executemany(_INSERT_BATCH, batch_rows)
@@ -385,16 +391,17 @@ def _put(
 
 def _coalesced(puts: list[Op]) -> list[Op]:
     """The publishes, those of one message each that follow one another (ids, groups and
-    every field alike but the timestamp: a producer's PUBs one at a time, or several
-    producers' into one topic) joined into one: one batch row and one run per group
-    instead of one of each per message. Each comes back with its batch's timestamps
-    (int64 each, or None when one is everyone's)."""
+    every field alike but the timestamp and the origin: a producer's PUBs one at a time,
+    or several producers' into one topic) joined into one: one batch row and one run per
+    group instead of one of each per message. Each comes back with its batch's timestamps
+    (int64 each, or None when one is everyone's) and its origins (a JSON list, or None
+    when one is everyone's: sixteen connections' PUBs interleave)."""
     out: list[Op] = []
     chain: list[Op] = []
 
     def close() -> None:
         if len(chain) == 1:
-            out.append((*chain[0], None))
+            out.append((*chain[0], None, None))
         else:
             head = chain[0]
             ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
@@ -413,8 +420,10 @@ def _coalesced(puts: list[Op]) -> list[Op]:
                 bodies = b"".join(raw)
             times = [op[8][0] for op in chain]
             stamps = array("q", times).tobytes() if times.count(ts) != len(times) else None
+            froms = [op[8][2] for op in chain]
+            origins = json.dumps(froms) if froms.count(origin) != len(froms) else None
             batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
-            out.append((*head[:3], len(chain), *head[4:8], batch, stamps))
+            out.append((*head[:3], len(chain), *head[4:8], batch, stamps, origins))
         chain.clear()
 
     for op in puts:
@@ -425,7 +434,8 @@ def _coalesced(puts: list[Op]) -> list[Op]:
                 and op[2] == last[2] + 1
                 and op[1] == last[1]
                 and op[4:8] == last[4:8]
-                and op[8][1:6] == last[8][1:6]
+                and op[8][1] == last[8][1]  # ttr; the origin may differ
+                and op[8][3:6] == last[8][3:6]
                 and _adjacent(last[8][6], op[8][6])
             ):
                 chain.append(op)
@@ -434,7 +444,7 @@ def _coalesced(puts: list[Op]) -> list[Op]:
         if op[3] == 1 and op[7] is None:
             chain.append(op)
         else:
-            out.append((*op, None))
+            out.append((*op, None, None))
     if chain:
         close()
     return out

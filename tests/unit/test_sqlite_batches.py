@@ -158,5 +158,48 @@ async def test_a_format_1_file_is_converted_and_counts_the_same(tmp_path: Path) 
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "entries" not in tables and "runs" in tables
     assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall() == []
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    db.close()
+
+
+async def test_publishes_from_many_origins_share_a_batch_and_keep_their_origin(
+    tmp_path: Path,
+) -> None:
+    """Sixteen connections' PUBs one at a time interleave in the log: they are one batch
+    row and one run (not one of each per message), and each message keeps its origin."""
+    path = tmp_path / "gateway.db"
+    store = await opened(path)
+    store.add_topic("t")
+    store.add_group("t", "g")
+    store.reserve_ids(1 << 16)  # as the broker does, a block at a time
+    messages = []
+    for i in range(1, 33):
+        m = msg(i)
+        m.origin = f"nsq 127.0.0.1:{40000 + i % 16}"
+        messages.append(m)
+        store.put("t", ["g"], [m], 0.0)
+    await store.close()
+    assert batches(path) == {1: 32}
+    store = await opened(path)
+    got = await store.load("t", "g", (-(2**62), 0), 100)
+    await store.close()
+    assert [(m.id, m.origin, m.body) for m in got] == [(m.id, m.origin, m.body) for m in messages]
+
+
+async def test_a_format_3_file_is_converted_and_reads_back_its_origins(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    store, messages = await published(path, ["a"])
+    await store.close()
+    db = sqlite3.connect(path)  # as a gateway of format 3 left it: no `origins`
+    db.execute("ALTER TABLE batches DROP COLUMN origins")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    store = await opened(path)
+    got = await store.load("t", "a", (-(2**62), 0), 100)
+    store.put("t", ["a"], [msg(9)], 0.0)
+    await store.close()
+    assert [(m.id, m.origin) for m in got] == [(m.id, m.origin) for m in messages]
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
     db.close()
