@@ -403,18 +403,22 @@ class Connection:
         self._release()
         return True
 
-    def _settle_at_pass_end(self, commit: _Commit, error: StoreUnavailable | None) -> None:
+    def _settle_at_pass_end(self, commit: _Commit, error: StoreUnavailable | None) -> bool:
         """The end of the pass wrote the records (or could not): release the replies and
-        write them now (PassEnd: no task runs, nothing here may wait)."""
+        write them now (PassEnd: no task runs, nothing here may wait). True when a task
+        may have been made runnable (the pass's end then wakes the loop)."""
         commit.error = error
         commit.done = True
+        woke = self._released is not None  # a task waits for this release
         self._release()
         if self.ended:
             if self.nursery is not None:
                 with contextlib.suppress(RuntimeError):  # the connection is over already
                     self.nursery.start_soon(self._last_words)
-        elif not self.holding and self.out:
-            self.write_queued()
+            return True
+        if not self.holding and self.out:
+            woke = self.write_queued() or woke
+        return woke
 
     async def _last_words(self) -> None:
         """What may still go out goes at once, then the connection ends."""
@@ -636,15 +640,16 @@ class Connection:
         await self.settle_sends()
         await self.flush()
 
-    def write_queued(self) -> None:
+    def write_queued(self) -> bool:
         """One non-blocking write of the queue, now, from synchronous code; whatever the
-        socket does not take is left to the writer task."""
+        socket does not take is left to the writer task. True when a task may have been
+        woken (the writer, a stalled publisher, the connection's own on an error)."""
         if self.sending or not self.out:
-            return
+            return False
         if self.fd is None or self.encode is not None or self.holding or self.held_from is not None:
             # TLS or a compression stream write from a task; a batch writes at its end
             self.wake.set()
-            return
+            return True
         data = b"".join(self.out)
         self._taken += len(self.out)
         self.out = []
@@ -654,15 +659,19 @@ class Connection:
             rest = self._write_now(data)
         except trio.BrokenResourceError:
             self.cancel()
-            return
+            return True
+        woke = False
         if rest is not None:
             self.out.append(bytes(rest))
             self._taken -= 1  # the rest is queued again, as one frame
             self.pending = len(rest)
             self.buffered.total += self.pending
             self.wake.set()
+            woke = True
         if self.drained is not None and self.pending <= self.stall_mark():
             self.unstall()
+            woke = True
+        return woke
 
 
 def _never() -> int:

@@ -4,10 +4,22 @@ at once even though the loop was about to sleep."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from gateway.broker.errors import StoreUnavailable
 from gateway.broker.pass_end import PassEnd
+
+
+def noted(outcomes: list[StoreUnavailable | None]) -> Callable[[StoreUnavailable | None], bool]:
+    """A settle that notes its outcome and wakes no task."""
+
+    def settle(error: StoreUnavailable | None) -> bool:
+        outcomes.append(error)
+        return False
+
+    return settle
 
 
 class Writes:
@@ -32,7 +44,7 @@ async def test_the_commits_of_a_pass_after_the_first_share_one_write() -> None:
         assert not pass_end.joins()  # the pass's first writes at once
         for _ in range(5):
             assert pass_end.joins()
-            pass_end.defer(outcomes.append)
+            pass_end.defer(noted(outcomes))
         assert writes.count == 0
         await trio.sleep(0)  # the pass ends
         assert writes.count == 1
@@ -41,7 +53,7 @@ async def test_the_commits_of_a_pass_after_the_first_share_one_write() -> None:
 
         writes.error = StoreUnavailable("disk full")
         assert pass_end.joins()
-        pass_end.defer(outcomes.append)
+        pass_end.defer(noted(outcomes))
         await trio.sleep(0)
         assert outcomes[-1] is writes.error
     finally:
@@ -67,7 +79,12 @@ async def test_a_task_a_settle_wakes_runs_at_once() -> None:
                 await trio.sleep(0.05)  # the waiter is parked
                 assert not pass_end.joins()
                 assert pass_end.joins()
-                pass_end.defer(lambda _error: released.set())
+
+                def release(_error: StoreUnavailable | None) -> bool:
+                    released.set()
+                    return True  # it woke the waiter
+
+                pass_end.defer(release)
                 began = trio.current_time()
         assert woke_at and woke_at[0] - began < 1.0
     finally:
@@ -79,12 +96,12 @@ async def test_a_settle_that_raises_does_not_stop_the_others() -> None:
     pass_end.install()
     outcomes: list[StoreUnavailable | None] = []
 
-    def broken(_error: StoreUnavailable | None) -> None:
+    def broken(_error: StoreUnavailable | None) -> bool:
         raise RuntimeError("a bug in one connection")
 
     try:
         pass_end.joins()
-        for settle in (outcomes.append, broken, outcomes.append):
+        for settle in (noted(outcomes), broken, noted(outcomes)):
             assert pass_end.joins()
             pass_end.defer(settle)
         await trio.sleep(0)

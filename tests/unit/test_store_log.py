@@ -380,3 +380,37 @@ async def test_records_nobody_flushes_are_written_within_5_ms_or_50_while_flushe
         assert await written_after(0.005)
         nursery.cancel_scope.cancel()
     await store.close()
+
+
+async def test_the_interval_fsyncs_what_a_write_left_though_the_write_woke_nobody(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """A write may be made at the end of a scheduler pass, where no task may be woken
+    (broker/pass_end.py): the interval policy's fsync is a timer that looks, and syncs what
+    it finds within the interval; idle, it finds nothing and syncs nothing."""
+    store = await group_store(tmp_path / "gateway.db")  # fsync every 50 ms
+    store.put("t", ["g"], [msg(1)], 0.0)
+    await store.flush()
+
+    async def synced_after(seconds: float) -> bool:
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()
+        while store._fsyncs._running:  # the fsync's thread, in real time
+            await trio.sleep(0)
+        return store._fsyncs.all_synced
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        assert await synced_after(0.05)
+        count = store._fsyncs.count
+        for _ in range(4):  # idle: the timer looks, nothing to sync
+            assert await synced_after(0.05)
+        assert store._fsyncs.count == count
+        store.put("t", ["g"], [msg(2)], 0.0)
+        assert store.flush_now()  # written, as the end of a pass writes: no task woken
+        assert not store._fsyncs.all_synced
+        assert await synced_after(0.05)  # within the interval all the same
+        assert store._fsyncs.count == count + 1
+        nursery.cancel_scope.cancel()
+    await store.close()
