@@ -223,6 +223,7 @@ class Connection:
         # or hands it to the end of the scheduler's pass, which settles the commits of
         # every connection with one write (Broker.pass_end)
         self._pass_end = pass_end
+        self._publishing = False  # counted among the pass end's connections with commits
         self._commits: deque[_Commit] = deque()  # started or open, oldest first
         self.open_commit: _Commit | None = None  # collecting the replies of a batch
         self._taken = 0  # frames ever taken off the head of `out` (a place = _taken + index)
@@ -268,6 +269,9 @@ class Connection:
             self.buffered.total -= self.pending  # what it never got is freed with it
             self.pending = 0
             self.unstall()  # no publisher waits for it any more
+            if self._publishing:
+                assert self._pass_end is not None
+                self._pass_end.done_publishing()
             try:
                 on_close()
             finally:
@@ -387,6 +391,9 @@ class Connection:
         share one write (PassEnd), every commit but the pass's first is handed to the end
         of the pass instead: its replies leave from there."""
         pass_end = self._pass_end
+        if pass_end is not None and not self._publishing:
+            self._publishing = True
+            pass_end.publishing()
         if pass_end is not None and pass_end.joins():
             pass_end.defer(partial(self._settle_at_pass_end, commit))
             if self.fd is not None:

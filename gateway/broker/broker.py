@@ -158,12 +158,12 @@ class Broker:
             nursery.start_soon(self.queues.run)
             pass_end = self.pass_end
             if pass_end is not None:
-                pass_end.install()
+                pass_end.start()
             try:
                 await self._run_timers(task_status)
             finally:
                 if pass_end is not None:
-                    pass_end.uninstall()
+                    pass_end.stop()
 
     async def _run_timers(self, task_status: trio.TaskStatus[None]) -> None:
         """Wakes at the earliest deadline or deferral any group asked for."""

@@ -37,8 +37,10 @@ class Writes:
 async def test_the_commits_of_a_pass_after_the_first_share_one_write() -> None:
     writes = Writes()
     pass_end = PassEnd(writes)
-    assert not pass_end.joins()  # not installed: every commit settles by itself
-    pass_end.install()
+    pass_end.start()
+    pass_end.publishing()
+    assert not pass_end.joins()  # one connection with commits: nothing to share
+    pass_end.publishing()
     try:
         outcomes: list[StoreUnavailable | None] = []
         assert not pass_end.joins()  # the pass's first writes at once
@@ -57,14 +59,16 @@ async def test_the_commits_of_a_pass_after_the_first_share_one_write() -> None:
         await trio.sleep(0)
         assert outcomes[-1] is writes.error
     finally:
-        pass_end.uninstall()
+        pass_end.stop()
 
 
 async def test_a_task_a_settle_wakes_runs_at_once() -> None:
     """The settle runs as the loop is about to sleep until the next deadline (10 s away):
     the task it wakes must not wait for that deadline."""
     pass_end = PassEnd(Writes())
-    pass_end.install()
+    pass_end.start()
+    pass_end.publishing()
+    pass_end.publishing()
     released = trio.Event()
     woke_at: list[float] = []
 
@@ -88,12 +92,14 @@ async def test_a_task_a_settle_wakes_runs_at_once() -> None:
                 began = trio.current_time()
         assert woke_at and woke_at[0] - began < 1.0
     finally:
-        pass_end.uninstall()
+        pass_end.stop()
 
 
 async def test_a_settle_that_raises_does_not_stop_the_others() -> None:
     pass_end = PassEnd(Writes())
-    pass_end.install()
+    pass_end.start()
+    pass_end.publishing()
+    pass_end.publishing()
     outcomes: list[StoreUnavailable | None] = []
 
     def broken(_error: StoreUnavailable | None) -> bool:
@@ -108,4 +114,27 @@ async def test_a_settle_that_raises_does_not_stop_the_others() -> None:
         assert outcomes == [None, None]
         assert pass_end.joins() is False  # still installed, still ending passes
     finally:
-        pass_end.uninstall()
+        pass_end.stop()
+
+
+async def test_the_hook_is_there_while_two_connections_or_more_have_commits() -> None:
+    """With one, there is nothing to share: every commit writes at once, no hook is called;
+    when the second goes, what was handed over is settled there and then."""
+    writes = Writes()
+    pass_end = PassEnd(writes)
+    pass_end.start()
+    outcomes: list[StoreUnavailable | None] = []
+    try:
+        pass_end.publishing()
+        await trio.sleep(0)
+        assert not pass_end.joins() and not pass_end.joins()
+        pass_end.publishing()
+        await trio.sleep(0)
+        assert not pass_end.joins()
+        assert pass_end.joins()
+        pass_end.defer(noted(outcomes))
+        pass_end.done_publishing()  # the hook goes: the commit is settled now
+        assert outcomes == [None] and writes.count == 1
+        assert not pass_end.joins() and not pass_end.joins()
+    finally:
+        pass_end.stop()
