@@ -105,7 +105,8 @@ _INSERT_BATCH = (
     " ends, refs, stamps, seg, off, size, crc, starts, origins)"
     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-_SPAN = 1 << 20  # a publish's bodies this far after the last ones' start another batch
+_SPAN = 1 << 20  # a publish's bodies this far after the first ones' start another batch
+_HOLES = 64  # at most so many ids of other publishes between two that join
 
 # An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
 # ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
@@ -331,13 +332,24 @@ def _put(
     batch_rows = []
     run_rows = []
     written = 0
-    for _, gids, first, n, due, priority, attempts, fields, batch, stamps, origins in _coalesced(
-        puts
-    ):
+    for (
+        _,
+        gids,
+        first,
+        n,
+        due,
+        priority,
+        attempts,
+        fields,
+        batch,
+        stamps,
+        origins,
+        holes,
+    ) in _coalesced(puts):
         end = first + n
         refs = 0
         for gid in gids:
-            bits = 0
+            bits = holes  # the ids of other publishes between this one's: not its own
             d = done.get(gid)
             if d is not None:
                 for i, _p in d.take(first, end):  # finished already: never written
@@ -390,64 +402,102 @@ def _put(
 
 
 def _coalesced(puts: list[Op]) -> list[Op]:
-    """The publishes, those of one message each that follow one another (ids, groups and
-    every field alike but the timestamp and the origin: a producer's PUBs one at a time,
-    or several producers' into one topic) joined into one: one batch row and one run per
-    group instead of one of each per message. Each comes back with its batch's timestamps
-    (int64 each, or None when one is everyone's) and its origins (a JSON list, or None
-    when one is everyone's: sixteen connections' PUBs interleave)."""
+    """The publishes of one message each into the same groups with every field alike but
+    the timestamp and the origin (a producer's PUBs one at a time, several producers'
+    into one topic, greenstalk clients' puts into their tubes) joined into one: one batch
+    row and one run per group instead of one of each per message. Their ids need not be
+    consecutive: several producers into several topics interleave, and a run marks the
+    ids between them as not its own (`holes`, as a run marks what was finished), up to
+    _HOLES of them between two. Each comes back with its batch's timestamps (int64 each,
+    or None when one is everyone's), its origins (a JSON list, or None when one is
+    everyone's) and its holes (a bitmap of places, 0: none)."""
     out: list[Op] = []
-    chain: list[Op] = []
+    chains: dict[tuple[Any, ...], list[Op]] = {}  # open, by what their publishes share
+    holding: dict[int, tuple[Any, ...]] = {}  # a group -> the open chain into it
 
-    def close() -> None:
-        if len(chain) == 1:
-            out.append((*chain[0], None, None))
-        else:
-            head = chain[0]
-            ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
-            raw = [op[8][6] for op in chain]
-            if type(first) is tuple:  # in one segment: one range, read at once
-                views = [where[2] for where in raw]
-                ends = array("I", accumulate(v.nbytes for v in views)).tobytes()
-                base = first[1]
-                starts = array("I", [where[1] - base for where in raw])
-                span = raw[-1][1] + raw[-1][4] - base
-                gaps = span != sum(v.nbytes for v in views)
-                joined = memoryview(b"".join(views))
-                bodies: Any = (first[0], base, joined, starts.tobytes() if gaps else None, span)
-            else:
-                ends = array("I", accumulate(map(len, raw))).tobytes()
-                bodies = b"".join(raw)
-            times = [op[8][0] for op in chain]
-            stamps = array("q", times).tobytes() if times.count(ts) != len(times) else None
-            froms = [op[8][2] for op in chain]
-            origins = json.dumps(froms) if froms.count(origin) != len(froms) else None
-            batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
-            out.append((*head[:3], len(chain), *head[4:8], batch, stamps, origins))
-        chain.clear()
+    def close(key: tuple[Any, ...]) -> None:
+        chain = chains.pop(key)
+        for gid in chain[0][1]:
+            holding.pop(gid, None)
+        out.append(_joined(chain))
 
     for op in puts:
-        if chain:
-            last = chain[-1]
-            if (
-                op[3] == 1
-                and op[2] == last[2] + 1
-                and op[1] == last[1]
-                and op[4:8] == last[4:8]
-                and op[8][1] == last[8][1]  # ttr; the origin may differ
-                and op[8][3:6] == last[8][3:6]
-                and _adjacent(last[8][6], op[8][6])
-            ):
-                chain.append(op)
-                continue
-            close()
-        if op[3] == 1 and op[7] is None:
-            chain.append(op)
+        single = op[3] == 1 and op[7] is None
+        if single:
+            key = (op[1], op[4:8], op[8][1], op[8][3:6])  # groups, fields, ttr, the rest
+            chain = chains.get(key)
+            if chain is not None:
+                last = chain[-1]
+                if (
+                    last[2] < op[2] <= last[2] + 1 + _HOLES
+                    and _adjacent(last[8][6], op[8][6])
+                    and _adjacent(chain[0][8][6], op[8][6])
+                ):
+                    chain.append(op)
+                    continue
+        # an open chain into one of its groups ends first: a group's runs never overlap
+        for gid in op[1]:
+            k = holding.get(gid)
+            if k is not None:
+                close(k)
+        if single:
+            chains[key] = [op]
+            for gid in op[1]:
+                holding[gid] = key
         else:
-            out.append((*op, None, None))
-    if chain:
-        close()
+            out.append((*op, None, None, 0))
+    for key in list(chains):
+        close(key)
     return out
+
+
+def _joined(chain: list[Op]) -> Op:
+    """One publish of the chain's messages, with a place for every id from its first to
+    its last: the ids of other publishes between them hold an empty body and are the
+    batch's holes."""
+    head = chain[0]
+    if len(chain) == 1:
+        return (*head, None, None, 0)
+    first_id = head[2]
+    n = chain[-1][2] - first_id + 1
+    ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
+    places: list[Op | None] = [None] * n
+    for op in chain:
+        places[op[2] - first_id] = op
+    holes = 0
+    for k, op in enumerate(places):
+        if op is None:
+            holes |= 1 << k
+    if type(first) is tuple:  # in one segment: one range, read at once
+        base = first[1]
+        views: list[Any] = []
+        at: list[int] = []
+        lengths: list[int] = []
+        for op in places:
+            if op is None:  # a hole: an empty body where the last one ended
+                at.append(at[-1] + lengths[-1])
+                lengths.append(0)
+            else:
+                where = op[8][6]
+                views.append(where[2])
+                at.append(where[1] - base)
+                lengths.append(where[2].nbytes)
+        ends = array("I", accumulate(lengths)).tobytes()
+        last = chain[-1][8][6]
+        span = last[1] + last[4] - base
+        starts = array("I", at).tobytes() if holes or span != sum(lengths) else None
+        joined = memoryview(b"".join(views))
+        bodies: Any = (first[0], base, joined, starts, span)
+    else:
+        raw = [b"" if op is None else op[8][6] for op in places]
+        ends = array("I", accumulate(map(len, raw))).tobytes()
+        bodies = b"".join(raw)
+    times = [ts if op is None else op[8][0] for op in places]
+    stamps = array("q", times).tobytes() if times.count(ts) != n else None
+    froms = [origin if op is None else op[8][2] for op in places]
+    origins = json.dumps(froms) if froms.count(origin) != n else None
+    batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
+    return (*head[:3], n, *head[4:8], batch, stamps, origins, holes)
 
 
 def _adjacent(before: Any, after: Any) -> bool:

@@ -203,3 +203,61 @@ async def test_a_format_3_file_is_converted_and_reads_back_its_origins(tmp_path:
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 4
     db.close()
+
+
+async def interleaved(path: Path, tubes: int, n: int) -> tuple[SQLiteStore, dict[str, list[int]]]:
+    """`tubes` topics with a group each, and `n` puts of one message each, one per topic in
+    turn (as greenstalk clients into their own tubes): the ids of each topic's."""
+    store = await opened(path)
+    ids: dict[str, list[int]] = {}
+    for k in range(tubes):
+        store.add_topic(f"t{k}")
+        store.add_group(f"t{k}", "g")
+        ids[f"t{k}"] = []
+    store.reserve_ids(1 << 16)
+    for i in range(1, n + 1):
+        topic = f"t{i % tubes}"
+        m = Message(i, topic, b"job %d" % i, 1_700_000_000_000_000_000 + i)
+        m.origin = f"beanstalk 127.0.0.1:{50000 + i % tubes}"
+        store.put(topic, ["g"], [m], 0.0)
+        ids[topic].append(i)
+    return store, ids
+
+
+async def test_puts_into_several_tubes_in_turn_are_one_batch_per_tube(tmp_path: Path) -> None:
+    """Four clients' puts into four tubes interleave in the log: each tube's are one batch
+    row and one run, whose ids between are the other tubes' (holes, not its own). They
+    read back whole, after a restart and after some are finished."""
+    path = tmp_path / "gateway.db"
+    store, ids = await interleaved(path, 4, 40)
+    await store.close()
+    assert batches(path) == {1: 10, 2: 10, 3: 10, 4: 10}
+    store = await opened(path)
+    for topic, mine in ids.items():
+        got = await store.load(topic, "g", (-(2**62), 0), 100)
+        assert [(m.id, m.body, m.origin) for m in got] == [
+            (i, b"job %d" % i, f"beanstalk 127.0.0.1:{50000 + i % 4}") for i in mine
+        ]
+    store.remove("t1", "g", [Message(i, "t1", b"", 1) for i in ids["t1"][:4]])
+    await store.close()
+    assert batches(path) == {1: 6, 2: 10, 3: 10, 4: 10}
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    for topic, mine in ids.items():
+        ready = state.topics[topic].groups["g"].ready
+        left = mine[4:] if topic == "t1" else mine
+        assert [(m.id, m.body) for m in ready] == [(i, b"job %d" % i) for i in left]
+    await reopened.close()
+
+
+async def test_puts_too_far_apart_are_batches_of_their_own(tmp_path: Path) -> None:
+    """More than 64 other ids between two puts of a tube: a new batch (a run's holes stay
+    a small bitmap)."""
+    path = tmp_path / "gateway.db"
+    store, _ = await interleaved(path, 70, 140)
+    await store.close()
+    assert len(batches(path)) == 140
+    store = await opened(path)
+    got = await store.load("t5", "g", (-(2**62), 0), 10)
+    await store.close()
+    assert [(m.id, m.body) for m in got] == [(5, b"job 5"), (75, b"job 75")]

@@ -414,3 +414,44 @@ async def test_the_interval_fsyncs_what_a_write_left_though_the_write_woke_nobod
         assert store._fsyncs.count == count + 1
         nursery.cancel_scope.cancel()
     await store.close()
+
+
+async def test_interleaved_tubes_batches_are_compacted_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of puts into two tubes in turn (each with the other's ids as holes) move
+    into the index with the rest of a compacted segment, and read back whole."""
+    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    for topic in ("a", "b"):
+        store.add_topic(topic)
+        store.add_group(topic, "g")
+    log_dir = path.parent / "gateway.db-log"
+    kept = list(range(1, 801, 40))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for i in range(1, 801, 2):  # a and b in turn, both in one write
+            store.put("a", ["g"], [Message(i, "a", b"a%d" % i * 50, 1)], 0.0)
+            store.put("b", ["g"], [Message(i + 1, "b", b"b%d" % (i + 1) * 50, 1)], 0.0)
+            await store.flush()
+        for topic, first in (("a", 1), ("b", 2)):
+            gone = [Message(i, topic, b"", 1) for i in range(first, 801, 2) if i not in kept]
+            store.remove(topic, "g", gone)
+        await store.caught_up()
+        for _ in range(len(segments(log_dir))):
+            await store._worker.run(store._compact)
+        assert len(segments(log_dir)) <= 5
+        nursery.cancel_scope.cancel()
+    await store.close()
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    for topic, first in (("a", 1), ("b", 2)):
+        ready = state.topics[topic].groups["g"].ready
+        want = [i for i in range(first, 801, 2) if i in kept]
+        assert [(m.id, m.body) for m in ready] == [
+            (i, b"%s%d" % (topic.encode(), i) * 50) for i in want
+        ]
+    await reopened.close()
