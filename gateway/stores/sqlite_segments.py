@@ -24,7 +24,11 @@ log = logging.getLogger("gateway.store")
 Op = tuple[Any, ...]  # a record of the log (sqlite_sql.Op)
 
 # the segments queued bodies are in; the bytes of queued bodies in each segment before one
-LIVE_BYTES = "SELECT seg, sum(size) FROM batches WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
+# a batch with holes counts its own bytes only (`own`), not the others' its range spans
+LIVE_BYTES = (
+    "SELECT seg, sum(coalesce(own, size)) FROM batches"
+    " WHERE seg IS NOT NULL AND seg < ? GROUP BY seg"
+)
 OLDEST_PINNED = "SELECT min(seg) FROM batches WHERE seg IS NOT NULL"  # the partial index
 _NEXT_PINNED = "SELECT min(seg) FROM batches WHERE seg > ?"
 

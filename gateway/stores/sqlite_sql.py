@@ -7,7 +7,9 @@ Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish: where its bodies are, end to end (`ends`: where each
   one ends, uint32 native order), and the fields its messages share (timestamp, ttr,
   origin, reply_to, headers; `stamps` and `origins` hold one per message where they
-  differ); `refs` counts the messages of it still queued in a group.
+  differ); `refs` counts the messages of it still queued in a group. A batch with holes
+  (the ids of other publishes between its own) reads a range of the log that holds
+  others' bodies too: `own` is its own bodies' bytes (NULL: `size`).
   The bodies stay in the log segment they were written to (`seg`, `off`, `size`, with
   their CRC-32C): the index holds where they are, not a copy. A batch a compaction moved
   out of an old segment, or one from a log written before format 3, holds its bodies
@@ -26,8 +28,8 @@ Tables (docs/storage.md, "The index"):
 
 Format 1 kept one `entries` row per (group, message); opening such a file turns each into
 a run of one (`MIGRATE_1`). Format 2 held every batch's bodies; `MIGRATE_2` adds where
-they are, and its batches keep their bodies. Format 3 had no `origins`: its batches are
-each one origin's (`MIGRATE_3`).
+they are, and its batches keep their bodies. Format 3 had no `origins` and no `own`: its
+batches are each one origin's, without holes (`MIGRATE_3`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ CREATE TABLE IF NOT EXISTS batches (
     id INTEGER PRIMARY KEY, last INTEGER NOT NULL, ts INTEGER NOT NULL, ttr REAL NOT NULL,
     origin TEXT NOT NULL, reply_to TEXT, headers TEXT, header_block BLOB,
     bodies BLOB NOT NULL, ends BLOB NOT NULL, refs INTEGER NOT NULL, stamps BLOB,
-    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER, starts BLOB, origins TEXT);
+    seg INTEGER, off INTEGER, size INTEGER, crc INTEGER, starts BLOB, origins TEXT,
+    own INTEGER);
 CREATE TABLE IF NOT EXISTS runs (
     grp INTEGER NOT NULL, priority INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
     batch INTEGER NOT NULL, attempts INTEGER NOT NULL, due REAL NOT NULL,
@@ -93,7 +96,12 @@ ALTER TABLE batches ADD COLUMN starts BLOB;
 COMMIT;
 """
 
-MIGRATE_3 = "ALTER TABLE batches ADD COLUMN origins TEXT;"
+MIGRATE_3 = """
+BEGIN;
+ALTER TABLE batches ADD COLUMN origins TEXT;
+ALTER TABLE batches ADD COLUMN own INTEGER;
+COMMIT;
+"""
 
 VERSION = 4  # PRAGMA user_version of this format
 RAISE_CEILING = (
@@ -102,8 +110,8 @@ RAISE_CEILING = (
 )
 _INSERT_BATCH = (
     "INSERT INTO batches (id, last, ts, ttr, origin, reply_to, headers, header_block, bodies,"
-    " ends, refs, stamps, seg, off, size, crc, starts, origins)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " ends, refs, stamps, seg, off, size, crc, starts, origins, own)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _SPAN = 1 << 20  # a publish's bodies this far after the first ones' start another batch
 _HOLES = 64  # at most so many ids of other publishes between two that join
@@ -379,10 +387,13 @@ def _put(
         written += refs
         if refs:
             ts, ttr, origin, reply_to, headers, block, bodies, ends = batch
+            own = None  # its bodies' bytes, where its range in the log holds others' too
             if type(bodies) is tuple:  # in the log: where, not a copy
                 seg, off, view, starts, size = bodies
                 bodies = b""
                 crc = crc32c(view)
+                if holes:
+                    own = view.nbytes
                 if ends is None:
                     ends = array("I", (view.nbytes,)).tobytes()
             else:  # a log written before format 3: the bodies, held here
@@ -392,7 +403,7 @@ def _put(
                     ends = array("I", (size,)).tobytes()
             batch_rows.append(
                 (first, end - 1, ts, ttr, origin, reply_to, headers, block, bodies, ends, refs,
-                 stamps, seg, off, size, crc, starts, origins)
+                 stamps, seg, off, size, crc, starts, origins, own)
             )  # fmt: skip
     if batch_rows:
         db.executemany(_INSERT_BATCH, batch_rows)

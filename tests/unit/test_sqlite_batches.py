@@ -190,8 +190,9 @@ async def test_a_format_3_file_is_converted_and_reads_back_its_origins(tmp_path:
     path = tmp_path / "gateway.db"
     store, messages = await published(path, ["a"])
     await store.close()
-    db = sqlite3.connect(path)  # as a gateway of format 3 left it: no `origins`
+    db = sqlite3.connect(path)  # as a gateway of format 3 left it: no `origins`, `own`
     db.execute("ALTER TABLE batches DROP COLUMN origins")
+    db.execute("ALTER TABLE batches DROP COLUMN own")
     db.execute("PRAGMA user_version = 3")
     db.commit()
     db.close()

@@ -429,6 +429,7 @@ async def test_interleaved_tubes_batches_are_compacted_and_read_back(
     for topic in ("a", "b"):
         store.add_topic(topic)
         store.add_group(topic, "g")
+    store.reserve_ids(1 << 16)  # as the broker does, a block at a time
     log_dir = path.parent / "gateway.db-log"
     kept = list(range(1, 801, 40))
     async with trio.open_nursery() as nursery:
@@ -454,4 +455,40 @@ async def test_interleaved_tubes_batches_are_compacted_and_read_back(
         assert [(m.id, m.body) for m in ready] == [
             (i, b"%s%d" % (topic.encode(), i) * 50) for i in want
         ]
+    await reopened.close()
+
+
+async def test_a_long_lived_tube_between_busy_ones_does_not_keep_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small jobs nobody takes in one tube, large ones finished in the other, put in turn:
+    the small ones' batches span the large ones' bytes (holes), but only their own bytes
+    count as live, so their segments are compacted and the log does not grow with them."""
+    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
+    path = tmp_path / "gateway.db"
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    for topic in ("slow", "busy"):
+        store.add_topic(topic)
+        store.add_group(topic, "g")
+    store.reserve_ids(1 << 16)  # as the broker does, a block at a time
+    log_dir = path.parent / "gateway.db-log"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for i in range(1, 801, 2):
+            store.put("slow", ["g"], [Message(i, "slow", b"s%d" % i, 1)], 0.0)
+            store.put("busy", ["g"], [Message(i + 1, "busy", b"b" * 400, 1)], 0.0)
+            await store.flush()  # a frame each: the log has many segments
+        store.remove("busy", "g", [Message(i, "busy", b"", 1) for i in range(2, 801, 2)])
+        await store.caught_up()
+        for _ in range(len(segments(log_dir))):
+            await store._worker.run(store._compact)
+        assert len(segments(log_dir)) <= 5
+        nursery.cancel_scope.cancel()
+    await store.close()
+    reopened = SQLiteStore(path)
+    state = await reopened.open()
+    ready = state.topics["slow"].groups["g"].ready
+    assert [(m.id, m.body) for m in ready] == [(i, b"s%d" % i) for i in range(1, 801, 2)]
     await reopened.close()
