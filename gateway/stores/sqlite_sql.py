@@ -169,29 +169,30 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
-def apply(db: sqlite3.Connection, ops: list[Op]) -> int:
+def apply(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int] = (0, 0)) -> int:
     """Apply records in order. The runs of puts, changes and finishes between two
     structural changes are applied together: puts, then changes, then finishes, which is
     the order every message goes through them. A message put and finished within such a
     run (published and finished before the index caught up) is never written, nor are its
-    changes. Returns the change in the number of messages queued in the index."""
+    changes. Returns the change in the number of messages queued in the index. Only
+    publishes before `fence` join into batches (`_coalesced`)."""
     delta = 0
     start = 0
     for k, op in enumerate(ops):
         if op[0] not in _RUN_KINDS:
             if k > start:
-                delta += _segment(db, ops[start:k])
+                delta += _segment(db, ops[start:k], fence)
             delta += _structural(db, op)
             start = k + 1
     if start < len(ops):
-        delta += _segment(db, ops[start:] if start else ops)
+        delta += _segment(db, ops[start:] if start else ops, fence)
     return delta
 
 
 _RUN_KINDS = frozenset(("P", "U", "D", "E", "A"))
 
 
-def _segment(db: sqlite3.Connection, ops: list[Op]) -> int:
+def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> int:
     """The publishes, changes and finishes between two structural changes."""
     puts: list[Op] = []
     updates: list[_Update] = []
@@ -227,7 +228,7 @@ def _segment(db: sqlite3.Connection, ops: list[Op]) -> int:
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in ids]
             else:
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
-    return _run(db, puts, updates, fins, done)
+    return _run(db, puts, updates, fins, done, fence)
 
 
 def _ids(flat: list[int]) -> set[int]:
@@ -276,6 +277,7 @@ def _run(
     updates: list[_Update],
     fins: dict[int, list[int]],
     done: dict[int, set[int]],
+    fence: tuple[int, int],
 ) -> int:
     # one change per message: the last one's fields, and the priority the index has it
     # under (the first one's priority_was)
@@ -316,7 +318,7 @@ def _run(
             fins[gid] = outside
         changed = _by_group((gid, i, u) for (gid, i), u in latest.items()) if latest else {}
         gone = _by_group(finished) if finished else {}
-        written = _put(db, puts, changed, gone)
+        written = _put(db, puts, changed, gone, fence)
         latest = {(gid, i): u for gid, g in changed.items() for i, u in g.items.items()}
         for gid, g in gone.items():
             f = fins.setdefault(gid, [])
@@ -333,6 +335,7 @@ def _put(
     puts: list[Op],
     changed: dict[int, _ByGroup],
     done: dict[int, _ByGroup],
+    fence: tuple[int, int],
 ) -> int:
     """Write the publishes; those of their messages finished or changed in the same run
     are taken out of `done` and `changed` (never written; a change is a run of one).
@@ -353,7 +356,7 @@ def _put(
         stamps,
         origins,
         holes,
-    ) in _coalesced(puts):
+    ) in _coalesced(puts, fence):
         end = first + n
         refs = 0
         for gid in gids:
@@ -412,7 +415,7 @@ def _put(
     return written
 
 
-def _coalesced(puts: list[Op]) -> list[Op]:
+def _coalesced(puts: list[Op], fence: tuple[int, int] = (0, 0)) -> list[Op]:
     """The publishes of one message each into the same groups with every field alike but
     the timestamp and the origin (a producer's PUBs one at a time, several producers'
     into one topic, greenstalk clients' puts into their tubes) joined into one: one batch
@@ -421,7 +424,14 @@ def _coalesced(puts: list[Op]) -> list[Op]:
     ids between them as not its own (`holes`, as a run marks what was finished), up to
     _HOLES of them between two. Each comes back with its batch's timestamps (int64 each,
     or None when one is everyone's), its origins (a JSON list, or None when one is
-    everyone's) and its holes (a bitmap of places, 0: none)."""
+    everyone's) and its holes (a bitmap of places, 0: none).
+
+    Only publishes whose bodies are before `fence` join: the log's fsynced position, under
+    a policy that promises what survives a power cut. After one, recovery drops a batch
+    with bodies past the fsynced position it finds noted that are gone (sqlite_segments.
+    drop_lost), and that position moves on after the batch is made: a batch of bodies all
+    fsynced when it was made never holds one that a power cut can take, so none takes an
+    acknowledged message with it."""
     out: list[Op] = []
     chains: dict[tuple[Any, ...], list[Op]] = {}  # open, by what their publishes share
     holding: dict[int, tuple[Any, ...]] = {}  # a group -> the open chain into it
@@ -433,7 +443,7 @@ def _coalesced(puts: list[Op]) -> list[Op]:
         out.append(_joined(chain))
 
     for op in puts:
-        single = op[3] == 1 and op[7] is None
+        single = op[3] == 1 and op[7] is None and _before(op[8][6], fence)
         if single:
             key = (op[1], op[4:8], op[8][1], op[8][3:6])  # groups, fields, ttr, the rest
             chain = chains.get(key)
@@ -509,6 +519,12 @@ def _joined(chain: list[Op]) -> Op:
     origins = json.dumps(froms) if froms.count(origin) != n else None
     batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
     return (*head[:3], n, *head[4:8], batch, stamps, origins, holes)
+
+
+def _before(where: Any, fence: tuple[int, int]) -> bool:
+    """Whether a publish's bodies are before `fence` in the log (a publish from a log
+    written before bodies stayed in it holds them: always)."""
+    return type(where) is not tuple or where[:2] < fence
 
 
 def _adjacent(before: Any, after: Any) -> bool:
