@@ -526,8 +526,7 @@ class SQLiteStore(Store):
         ops = [op for records, seg, starts in frames for op in segs.locate(records, seg, starts)]
         db.execute("BEGIN")
         try:
-            # what may join into batches: what a power cut cannot take (sqlite_sql.
-            # _coalesced); under "never" the policy promises nothing of it
+            # what a power cut cannot take joins into batches ("never": all; _coalesced)
             fence = position if self.fsync == "never" else synced
             delta = sql.apply(db, ops, fence)
             db.executemany(sql.SET_META, zip(sql.LOG_KEYS, (*position, *synced), strict=True))
@@ -614,8 +613,7 @@ class SQLiteStore(Store):
             retry = _RETRY_FIRST
             for _ in range(4):
                 with contextlib.suppress(StoreError):
-                    # on disk first: the index joins only publishes fsynced (sqlite_sql.
-                    # _coalesced), and this is its last apply
+                    # fsynced first: only that joins into batches (sqlite_sql._coalesced)
                     await self.flush()
                     await self._fsyncs.through(self._fsyncs.written)
                     await self.caught_up()
