@@ -416,21 +416,39 @@ async def test_the_interval_fsyncs_what_a_write_left_though_the_write_woke_nobod
     await store.close()
 
 
+async def small_segments_store(
+    path: Path, monkeypatch: pytest.MonkeyPatch, topics: tuple[str, ...]
+) -> SQLiteStore:
+    """A store of 4 KB segments that compacts from 16 KB of log, with a group `g` in each
+    of `topics` and ids reserved as the broker reserves them, a block at a time."""
+    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
+    store = SQLiteStore(path, fsync="never")
+    await store.open()
+    for topic in topics:
+        store.add_topic(topic)
+        store.add_group(topic, "g")
+    store.reserve_ids(1 << 16)
+    return store
+
+
+async def compacted(store: SQLiteStore) -> int:
+    """Bring the index up to date, compact a segment per pass as long as there are any
+    (every few seconds when running), and count the segments left."""
+    log_dir = store.log_dir
+    await store.caught_up()
+    for _ in range(len(segments(log_dir))):
+        await store._worker.run(store._compact)
+    return len(segments(log_dir))
+
+
 async def test_interleaved_tubes_batches_are_compacted_and_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches of puts into two tubes in turn (each with the other's ids as holes) move
     into the index with the rest of a compacted segment, and read back whole."""
-    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
-    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    for topic in ("a", "b"):
-        store.add_topic(topic)
-        store.add_group(topic, "g")
-    store.reserve_ids(1 << 16)  # as the broker does, a block at a time
-    log_dir = path.parent / "gateway.db-log"
+    store = await small_segments_store(path, monkeypatch, ("a", "b"))
     kept = list(range(1, 801, 40))
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
@@ -441,10 +459,7 @@ async def test_interleaved_tubes_batches_are_compacted_and_read_back(
         for topic, first in (("a", 1), ("b", 2)):
             gone = [Message(i, topic, b"", 1) for i in range(first, 801, 2) if i not in kept]
             store.remove(topic, "g", gone)
-        await store.caught_up()
-        for _ in range(len(segments(log_dir))):
-            await store._worker.run(store._compact)
-        assert len(segments(log_dir)) <= 5
+        assert await compacted(store) <= 5
         nursery.cancel_scope.cancel()
     await store.close()
     reopened = SQLiteStore(path)
@@ -464,16 +479,8 @@ async def test_a_long_lived_tube_between_busy_ones_does_not_keep_the_log(
     """Small jobs nobody takes in one tube, large ones finished in the other, put in turn:
     the small ones' batches span the large ones' bytes (holes), but only their own bytes
     count as live, so their segments are compacted and the log does not grow with them."""
-    monkeypatch.setattr(store_log, "SEGMENT_BYTES", 4096)
-    monkeypatch.setattr(sqlite_store, "_COMPACT_FROM", 4 * 4096)
     path = tmp_path / "gateway.db"
-    store = SQLiteStore(path, fsync="never")
-    await store.open()
-    for topic in ("slow", "busy"):
-        store.add_topic(topic)
-        store.add_group(topic, "g")
-    store.reserve_ids(1 << 16)  # as the broker does, a block at a time
-    log_dir = path.parent / "gateway.db-log"
+    store = await small_segments_store(path, monkeypatch, ("slow", "busy"))
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         for i in range(1, 801, 2):
@@ -481,10 +488,7 @@ async def test_a_long_lived_tube_between_busy_ones_does_not_keep_the_log(
             store.put("busy", ["g"], [Message(i + 1, "busy", b"b" * 400, 1)], 0.0)
             await store.flush()  # a frame each: the log has many segments
         store.remove("busy", "g", [Message(i, "busy", b"", 1) for i in range(2, 801, 2)])
-        await store.caught_up()
-        for _ in range(len(segments(log_dir))):
-            await store._worker.run(store._compact)
-        assert len(segments(log_dir)) <= 5
+        assert await compacted(store) <= 5
         nursery.cancel_scope.cancel()
     await store.close()
     reopened = SQLiteStore(path)
