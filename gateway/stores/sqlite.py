@@ -58,6 +58,7 @@ from gateway.stores.sqlite_open import (
     replay_into,
 )
 from gateway.stores.sqlite_runs import BURIED, READY
+from gateway.stores.sqlite_tail import Tail
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -70,13 +71,6 @@ _MAINTAIN_IDLE, _MAINTAIN_BUSY = 10.0, 1.0  # seconds between maintenance passes
 _MAINTAIN_QUIET = 1.0  # seconds without an index update before a maintenance pass
 _BACKGROUND_DELAY = 0.005  # seconds records nobody awaits may wait for company
 _BACKGROUND_IDLE = 0.05  # the same while flushes keep writing them first (_write_loop)
-# The index is brought up to date when this much is waiting for it, or this long after
-# the oldest record it lacks: long enough that most messages of a busy queue are published
-# and finished before their records get there (and so are never written to it), short
-# enough that the records held in memory stay bounded and a restart replays little.
-_APPLY_BYTES = 8 * 1024 * 1024
-_APPLY_RECORDS = 50_000
-_APPLY_AGE = 0.5
 # the log's size from which old segments mostly finished are compacted, and how often
 # (seconds) the segments before the oldest queued body are looked at for that
 _COMPACT_FROM = 64 * 1024 * 1024
@@ -107,13 +101,7 @@ class SQLiteStore(Store):
         self._recorded = 0  # records made so far
         self._written = 0  # records in the log so far
         self._wake = trio.Event()  # set by the first record after a write
-        # in the log, not yet in the index: the frames' records, their size, the position
-        # the last one ends at, and when (Trio clock) the oldest was written
-        self._unapplied: list[Written] = []
-        self._unapplied_bytes = 0
-        self._unapplied_records = 0
-        self._unapplied_pos: Position = (0, 0)
-        self._unapplied_since = 0.0
+        self._unapplied = Tail()  # in the log, not yet in the index
         self._applying = False
         self._applied_at = 0.0  # Trio clock: the last update of the index
         self._apply_done: object = None  # the last records the index thread applied
@@ -151,7 +139,7 @@ class SQLiteStore(Store):
             segs.retire(db, self._log, self._bodies, first, segs.pinned(db))
             self._fsyncs.log = self._log
             self._fsyncs.start_at((first, 0))
-            self._unapplied_pos = (first, 0)
+            self._unapplied.position = (first, 0)
             self._stats.disk_bytes = self._disk_bytes()
             return state
         except sqlite3.DatabaseError as exc:
@@ -379,17 +367,7 @@ class SQLiteStore(Store):
         self._ops = []
         self._written = self._recorded
         self._fsyncs.wrote(position)
-        if not self._unapplied:
-            self._unapplied_since = trio.current_time()
-        _, starts, size = frame
-        if starts:  # where this frame's bodies are: the index points there
-            at = position[1] - size
-            starts = [at + s for s in starts]
-        self._unapplied.append((ops, position[0], starts))
-        self._unapplied_bytes += size
-        self._unapplied_records += len(ops)
-        self._unapplied_pos = position
-        if self._unapplied_bytes >= _APPLY_BYTES or self._unapplied_records >= _APPLY_RECORDS:
+        if self._unapplied.wrote(ops, frame, position):
             self._apply_wake.set()
         self._stats.commit_seconds.append(time.perf_counter() - started)
         self._stats.commits += 1
@@ -444,7 +422,7 @@ class SQLiteStore(Store):
         while True:
             wake_at = min(next_maintenance, next_compaction)
             if self._unapplied:
-                wake_at = min(wake_at, self._unapplied_since + _APPLY_AGE)
+                wake_at = min(wake_at, self._unapplied.due)
             with trio.move_on_at(wake_at):
                 await self._apply_wake.wait()
             self._apply_wake = trio.Event()
@@ -479,21 +457,15 @@ class SQLiteStore(Store):
         if self._applying:
             await self._applied_event.wait()
             return self._index_failed is None
-        frames, self._unapplied = self._unapplied, []
-        position = self._unapplied_pos
-        size, records = self._unapplied_bytes, self._unapplied_records
-        self._unapplied_bytes = self._unapplied_records = 0
+        taken = self._unapplied.take()
+        frames, position = taken[:2]
         self._applying = True
         try:
             # not abandoned on cancel: an apply that started always finishes
             await self._worker.run(self._apply_sync, frames, position, self._fsyncs.synced)
         except BaseException as exc:
             if self._apply_done is not frames:  # not applied: kept, in order, for a retry
-                self._unapplied[:0] = frames
-                self._unapplied_bytes += size
-                self._unapplied_records += records
-                if len(self._unapplied) == len(frames):
-                    self._unapplied_since = trio.current_time()
+                self._unapplied.give_back(taken)
             if not isinstance(exc, sqlite3.Error | OSError):
                 raise
             self._stats.write_errors += 1
