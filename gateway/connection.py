@@ -391,14 +391,15 @@ class Connection:
         share one write (PassEnd), every commit but the pass's first is handed to the end
         of the pass instead: its replies leave from there."""
         pass_end = self._pass_end
-        if pass_end is not None and not self._publishing:
-            self._publishing = True
-            pass_end.publishing()
-        if pass_end is not None and pass_end.joins():
-            pass_end.defer(partial(self._settle_at_pass_end, commit))
-            if self.fd is not None:
-                answered(self.fd)  # the reply leaves before the client can say more
-            return True
+        if pass_end is not None:
+            if not self._publishing:
+                self._publishing = True
+                pass_end.publishing()
+            if pass_end.joins():
+                pass_end.defer(partial(self._settle_at_pass_end, commit))
+                if self.fd is not None:
+                    answered(self.fd)  # the reply leaves before the client can say more
+                return True
         if self._commit_now is None:
             return False
         try:

@@ -169,7 +169,7 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
-def apply(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int] = (0, 0)) -> int:
+def apply(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> int:
     """Apply records in order. The runs of puts, changes and finishes between two
     structural changes are applied together: puts, then changes, then finishes, which is
     the order every message goes through them. A message put and finished within such a
@@ -415,7 +415,7 @@ def _put(
     return written
 
 
-def _coalesced(puts: list[Op], fence: tuple[int, int] = (0, 0)) -> list[Op]:
+def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
     """The publishes of one message each into the same groups with every field alike but
     the timestamp and the origin (a producer's PUBs one at a time, several producers'
     into one topic, greenstalk clients' puts into their tubes) joined into one: one batch
