@@ -295,9 +295,9 @@ class NSQImport:
                 self._settled.set()
             self.refresh()
             if delay is not None:
+                # still "backing off" after the wait: only a batch the store kept says
+                # the store is back
                 await trio.sleep(delay)
-                self._store_failing = False
-                self.refresh()
 
     async def _store(self, batch: list[_Received], backoff: Backoff) -> float | None:
         """Publish and flush the batch, then FIN it; if the store failed, REQ it instead
@@ -318,6 +318,7 @@ class NSQImport:
             await self._settle(batch, int(delay * 1000))
             return delay
         backoff.reset()
+        self._store_failing = False
         await self._settle(batch, None)
         self.status.moved += len(batch)
         return None

@@ -237,7 +237,16 @@ async def test_import_lag_is_the_upstream_channels_depth(
             await wait_for(lambda: status.moved == 300 and status.lag == 0, "moved, lag 0")
 
 
-async def test_import_fins_only_what_the_store_kept(tmp_path: Path) -> None:
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    # the link's backoff passes on the test's clock; a jump waits until nothing has
+    # moved for 2 ms, which leaves the sockets and the store's thread their time
+    return trio.testing.MockClock(autojump_threshold=0.002)
+
+
+async def test_import_fins_only_what_the_store_kept(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
     sent = bodies_of(200)
     async with running_gateway() as upstream:
         link = {"topic": "src", "channel": "ch", "nsqd_tcp_addresses": [nsq_address(upstream)]}
@@ -255,9 +264,16 @@ async def test_import_fins_only_what_the_store_kept(tmp_path: Path) -> None:
             assert upstream_ch.finish_count == 0  # nothing FIN'd while the store fails
             assert status.errors > 0 and "No space left" in status.last_error
             assert status.moved == 0 and status.state == "backing off"
+            # the wait after a failure ends; the store has not come back, and the link
+            # still says so (nothing arrives meanwhile to fail again and say it anew)
+            upstream_group = upstream.broker.topics["src"].groups["ch"]
+            upstream_group.pause()
+            await trio.sleep(60)
+            assert status.state == "backing off"
+            upstream_group.unpause()
             disk.full = False
             await wait_for(lambda: upstream_ch.finish_count == 200, "all FIN'd upstream")
-            assert status.moved == 200
+            assert status.moved == 200 and status.state == "connected"
             # the batches whose flush failed were REQ'd upstream and taken back out of
             # the gateway (not written once the store recovered): each arrived once
             got = await drain_all(gw, "src", "c")
