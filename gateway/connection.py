@@ -388,8 +388,8 @@ class Connection:
         """Settle `commit` without waiting if the store can: no task, no scheduler pass
         between a reply and its commit. A failure takes the waiting path, which answers
         it (and ends the connection where the protocol does). Where the commits of a pass
-        share one write (PassEnd), every commit but the pass's first is handed to the end
-        of the pass instead: its replies leave from there."""
+        share one write (PassEnd), the commit is handed to the end of the pass instead:
+        its replies leave from there."""
         pass_end = self._pass_end
         if pass_end is not None:
             if not self._publishing:
