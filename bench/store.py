@@ -5,6 +5,12 @@ Sections (``--only``, comma-separated; all by default):
 * ``throughput``: the memory store against the durable one (default policy, fsync every
   50 ms), both gateways running, each workload on one then the other: NSQ PUB one at a time
   over 1 and over 16 connections, MPUB x100, SUB + FIN, greenstalk put from 4 processes.
+* ``ceiling``: the request/response workloads (NSQ PUB one at a time over 1 and over 16
+  connections, greenstalk put from 1 and 4 processes) on the runtime's own ceiling
+  (bench/ceiling.py: a Trio server on the gateway's socket pattern with canned replies, no
+  queue, no store), the memory gateway and the durable one, in turns. A client that waits
+  for each reply is bounded by that ceiling whatever the store does: the durable figure is
+  judged as a share of it, next to the memory store's share.
 * ``beanstalkd``: the durable gateway against a real beanstalkd with its binlog, greenstalk put
   from 1 and 4 processes, in two pairings: the default policy against ``beanstalkd -b DIR``
   (fsync at most every 50 ms), and ``fsync = "always"`` against ``beanstalkd -b DIR -f 0``
@@ -70,7 +76,8 @@ from _common import (
 
 # the real server: on PATH (Debian's beanstalkd package), else where Debian puts it
 BEANSTALKD = shutil.which("beanstalkd") or "/usr/bin/beanstalkd"
-SECTIONS = ("throughput", "beanstalkd", "rss", "disk")
+SECTIONS = ("throughput", "ceiling", "beanstalkd", "rss", "disk")
+CEILING_SCRIPT = str(Path(__file__).resolve().parent / "ceiling.py")
 MiB = 1024 * 1024
 
 # Targets (the storage issue): ratios are durable / reference.
@@ -168,6 +175,13 @@ def start_gateway(
     gateway = GatewayProcess(gateway_args(store, config), placement, ["nsq", "beanstalk", "http"])
     addresses = gateway.start()
     return Server(name, gateway=gateway, addresses=addresses, data_dir=data_dir)
+
+
+def start_ceiling(protocol: str, placement: Placement) -> Server:
+    """bench/ceiling.py serving `protocol` on an ephemeral port."""
+    ceiling = GatewayProcess([protocol], placement, [protocol], program=(CEILING_SCRIPT,))
+    addresses = ceiling.start()
+    return Server(f"ceiling {protocol}", gateway=ceiling, addresses=addresses)
 
 
 def free_port() -> int:
@@ -439,10 +453,11 @@ class Run:
         finally:
             for s in up:
                 code = s.stop()
-                if s.gateway is not None and code not in (0, None):
-                    self.failures.append(
-                        f"{s.name} exit status {code}: {list(s.gateway.stderr_tail)[-5:]}"
-                    )
+                # bench/ceiling.py has no SIGTERM handler: -15 is its usual way out
+                gw = s.gateway
+                if gw is not None and gw.program == ("-m", "gateway") and code not in (0, None):
+                    tail = list(gw.stderr_tail)[-5:]
+                    self.failures.append(f"{s.name} exit status {code}: {tail}")
                 self.servers.remove(s)
 
 
@@ -476,6 +491,41 @@ def section_throughput(run: Run) -> None:
         for workload, measure, target in pairs:
             ref, dur = interleaved(run.repeat, partial(measure, memory), partial(measure, durable))
             run.rows.append(rate_row("memory vs durable", workload, "memory", ref, dur, target))
+
+
+def section_ceiling(run: Run) -> None:
+    say("\n## request/response: Trio's ceiling, the memory store, the durable store")
+    opts = nsq_options(run.scale, run.timeout)
+    with run.started(
+        lambda: start_ceiling("nsq", run.placement),
+        lambda: start_ceiling("beanstalk", run.placement),
+        lambda: start_gateway("memory", run.placement, None),
+        lambda: start_gateway("durable", run.placement, run.data_dir("ceiling")),
+    ) as (nsq_ceiling, beanstalk_ceiling, memory, durable):
+        workloads: list[tuple[str, Server, Callable[[Server], float | str]]] = [
+            ("NSQ PUB one at a time, 1 conn", nsq_ceiling, lambda s: nsq_workload("pub", s, opts)),
+            (
+                "NSQ PUB one at a time, 16 conns",
+                nsq_ceiling,
+                lambda s: pub_many(s, run.scale.pub16, 16, 200, run.timeout),
+            ),
+        ]
+        for procs in (1, 4):
+            put = partial(greenstalk_put, procs=procs, n=run.scale.put, size=200)
+            workloads.append(
+                (
+                    f"greenstalk put, {procs} proc{'s' if procs > 1 else ''}",
+                    beanstalk_ceiling,
+                    lambda s, put=put: put(s, timeout=run.timeout, label=s.name),  # type: ignore[misc]
+                )
+            )
+        for workload, ceiling, measure in workloads:
+            top, mem, dur = interleaved(
+                run.repeat, partial(measure, ceiling), partial(measure, memory),
+                partial(measure, durable),
+            )  # fmt: skip
+            run.rows.append(rate_row("vs ceiling", f"{workload}, memory", "ceiling", top, mem, 0))
+            run.rows.append(rate_row("vs ceiling", f"{workload}, durable", "ceiling", top, dur, 0))
 
 
 def section_beanstalkd(run: Run) -> None:
@@ -730,6 +780,7 @@ def section_disk(run: Run) -> None:
 
 SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "throughput": section_throughput,
+    "ceiling": section_ceiling,
     "beanstalkd": section_beanstalkd,
     "rss": section_rss,
     "disk": section_disk,
@@ -802,7 +853,10 @@ def main(argv: list[str] | None = None) -> int:
             [list(astuple(r)) for r in run.rows],
         )
     )
-    say("ratio = durable / reference; placement: " + placement.describe())
+    say(
+        "ratio = durable (or the memory store, where the workload says so) / reference; "
+        "placement: " + placement.describe()
+    )
     for f in run.failures:
         say(f"FAILED: {f}")
     return 1 if run.failures else 0
