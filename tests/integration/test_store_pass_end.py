@@ -70,9 +70,10 @@ async def test_publishes_that_arrive_together_share_one_write(tmp_path: Path) ->
             sock.send(pub(b"orders", b"together"))
         for _, raw in clients:
             assert await raw.frame() == (0, b"OK")
-        # all eight are written at the end of the pass, with one write (one more is
-        # possible: the readers' wake-ups spread over two passes)
-        assert 1 <= writes.count <= 2, writes.count
+        # all eight are written at the end of the pass, with one write (not eight; the
+        # store's background write, if its timer fell in this pass, or the readers'
+        # wake-ups spread over two passes may make one or two more)
+        assert 1 <= writes.count <= 3, writes.count
         for _, raw in clients:
             await raw.aclose()
 
@@ -107,7 +108,7 @@ async def test_a_failed_write_at_the_end_of_a_pass_answers_every_client(
         replies.append(await bs.reply())
         # each in its protocol's words
         assert set(replies) == {b"E_PUB_FAILED", b"INTERNAL_ERROR\r\n"}, replies
-        assert 1 <= writes.count <= 2, writes.count
+        assert 1 <= writes.count <= 3, writes.count
         for (_, raw), reply in zip(clients, replies, strict=False):
             if reply == b"E_PUB_FAILED":
                 assert await raw.closed()  # fatal, as nsqd's
