@@ -64,13 +64,15 @@ async def consume(
     """(id, body) of each message delivered on `channel` until none came for `timeout`."""
     conn = await nsq_conn(address, f"SUB {topic} {channel}\nRDY 1000\n".encode())
     got = []
-    with trio.move_on_after(timeout):
-        while True:
+    while True:
+        with trio.move_on_after(timeout) as quiet:  # the quiet, not the whole drain
             _, data = await conn.frame()
-            _, _, msg_id, body = parse_message(data)
-            got.append((msg_id, body))
-            if fin:
-                await conn.send(b"FIN " + msg_id + b"\n")
+        if quiet.cancelled_caught:
+            break
+        _, _, msg_id, body = parse_message(data)
+        got.append((msg_id, body))
+        if fin:
+            await conn.send(b"FIN " + msg_id + b"\n")
     await conn.aclose()
     return got
 
