@@ -510,13 +510,13 @@ def section_ceiling(run: Run) -> None:
                 lambda s: pub_many(s, run.scale.pub16, 16, 200, run.timeout),
             ),
         ]
+        n, timeout = run.scale.put, run.timeout
         for procs in (1, 4):
-            put = partial(greenstalk_put, procs=procs, n=run.scale.put, size=200)
             workloads.append(
                 (
                     f"greenstalk put, {procs} proc{'s' if procs > 1 else ''}",
                     beanstalk_ceiling,
-                    lambda s, put=put: put(s, timeout=run.timeout, label=s.name),  # type: ignore[misc]
+                    lambda s, k=procs: greenstalk_put(s, k, n, 200, timeout, s.name),
                 )
             )
         for workload, ceiling, measure in workloads:
