@@ -10,10 +10,18 @@ consumed with SUB, RDY 1000 and FIN of every message by consumers in their own p
                gateways, on one redis-server and then on a Redis Cluster of three masters
                on this machine: the aggregate rate at the same total load, and Redis's CPU
                per message summed over its nodes, with each node's share. A topic's keys
-               share one hash tag, so the topics spread over the masters' slots.
+               share one hash tag; the topics are named so that their slots fall on the
+               masters in turn.
 
     .venv/bin/python bench/scaleout_cluster.py
     .venv/bin/python bench/scaleout_cluster.py -n 50000 --topics 6 --gateways 2 --repeat 3
+    sudo .venv/bin/python bench/scaleout_cluster.py --only topics --redis-cpu 0.1
+
+``--redis-cpu SHARE`` holds every redis-server (the single one and each master) to that
+share of one CPU, through a cgroup of its own (root only). Each node then stands for a
+machine of its own whose Redis is the limit: what a user who adds masters has. Without
+it, on a machine with few cores the gateways and the consumers use every core, Redis
+never is the limit, and a cluster cannot carry more than one master does.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Address, Watchdog, format_table, si
+from _cpu import CpuCap
 from nsq import FRAME_ERROR, NSQConn, fin_lines, scan_frames
 from scaleout import CPU, command_usec, mpub_all, start_gateway, start_redis, subscriber
 
@@ -61,6 +70,28 @@ def consume(addr: Address, topic: str, total: Any, n: int, start: Any, timeout: 
                 if not (ftype == FRAME_ERROR and data.startswith(b"E_FIN_FAILED")):
                     sub.handle_other(ftype, data)
         sub.close()
+
+
+def spread_names(cluster: RedisCluster, count: int, stamp: int) -> list[str]:
+    """`count` topic names whose slots fall on the masters in turn (topic i on master
+    i % masters), as a user spreads topics by their hash tags: random names would put
+    two or three of six on one master in many runs."""
+    owned: list[list[tuple[int, int]]] = []
+    for node in cluster.nodes:
+        me = next(line for line in node.cli("CLUSTER", "NODES").splitlines() if "myself" in line)
+        ranges = [r.split("-") for r in me.split()[8:] if not r.startswith("[")]
+        owned.append([(int(r[0]), int(r[-1])) for r in ranges])
+    names: list[str] = []
+    k = 0
+    while len(names) < count:
+        name = f"t{len(names)}-{stamp}-{k}"
+        k += 1
+        # a topic's keys hash on the topic's name alone (the hash tag in every key)
+        slot = int(cluster.nodes[0].cli("CLUSTER", "KEYSLOT", name))
+        want = owned[len(names) % len(owned)]
+        if any(lo <= slot <= hi for lo, hi in want):
+            names.append(name)
+    return names
 
 
 def run(
@@ -113,7 +144,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateways", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--only", choices=("shared", "topics"), help="run one of the two measurements"
+    )
+    parser.add_argument(
+        "--redis-cpu",
+        type=float,
+        metavar="SHARE",
+        help="hold each redis-server to this share of one CPU (a cgroup; root only)",
+    )
     args = parser.parse_args(argv)
+    cap = None
+    if args.redis_cpu is not None:
+        if not 0 < args.redis_cpu <= 1:
+            parser.error("--redis-cpu: a share of one CPU, more than 0 and at most 1")
+        problem = CpuCap.problem()
+        if problem is not None:
+            parser.error(f"--redis-cpu: {problem}")
+        cap = CpuCap(args.redis_cpu)
     rows = []
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -128,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             ("topics", "one master", url, [port], [single.pid]),
             ("topics", "cluster x3", curl, cports, cpids),
         ]
+        setups = [s for s in setups if args.only in (None, s[0])]
+        if cap is not None:
+            for pid in [single.pid, *cpids]:
+                cap.add(pid)
         try:
             for r in range(args.repeat):
                 for workload, where, store, ports, redis_pids in setups:
@@ -140,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                             t = f"shared-{stamp}"
                             plan = [(addrs[0], addrs[0], t), (addrs[0], addrs[1], t)]
                         else:
+                            names = spread_names(cluster, args.topics, stamp)
                             plan = [
-                                (addrs[i % gws], addrs[i % gws], f"t{i}-{stamp}")
-                                for i in range(args.topics)
+                                (addrs[i % gws], addrs[i % gws], name)
+                                for i, name in enumerate(names)
                             ]
                         pids = {f"gw{i}": g.proc.pid for i, g in enumerate(gateways) if g.proc}
                         pids |= {f"redis{i}": pid for i, pid in enumerate(redis_pids)}
@@ -171,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             single.kill()
             single.wait()
             cluster.stop()
+            if cap is not None:
+                cap.close()
     heading = [
         "workload",
         "redis",
@@ -182,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         "µs/msg by command",
     ]
     print()
+    if cap is not None:
+        print(f"every redis-server held to {cap.share:.0%} of one CPU")
     print(format_table(heading, rows))
     return 0
 
