@@ -136,6 +136,32 @@ class RedisCluster:
             time.sleep(0.05)
         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
 
+    def node_id(self, node: RedisServer) -> str:
+        return node.cli("CLUSTER", "MYID").strip()
+
+    def owner(self, slot: int) -> RedisServer:
+        """The master serving `slot`, by its own account."""
+        for node in self.nodes:
+            mine = next(ln for ln in node.cli("CLUSTER", "NODES").splitlines() if "myself" in ln)
+            for part in mine.split()[8:]:
+                lo, _, hi = part.partition("-")
+                if not part.startswith("[") and int(lo) <= slot <= int(hi or lo):
+                    return node
+        raise AssertionError(f"no master serves slot {slot}")
+
+    def move_slot(self, slot: int, to: RedisServer) -> None:
+        """Migrate `slot` with its keys to `to`, as `redis-cli --cluster reshard` does:
+        IMPORTING, MIGRATING, MIGRATE the keys, then the new owner on every master."""
+        source = self.owner(slot)
+        src_id, dst_id = self.node_id(source), self.node_id(to)
+        assert to.cli("CLUSTER", "SETSLOT", str(slot), "IMPORTING", src_id).strip() == "OK"
+        assert source.cli("CLUSTER", "SETSLOT", str(slot), "MIGRATING", dst_id).strip() == "OK"
+        while keys := source.cli("CLUSTER", "GETKEYSINSLOT", str(slot), "100").split():
+            moved = source.cli("MIGRATE", "127.0.0.1", str(to.port), "", "0", "5000", "KEYS", *keys)
+            assert moved.strip() == "OK", moved
+        for node in self.nodes:
+            assert node.cli("CLUSTER", "SETSLOT", str(slot), "NODE", dst_id).strip() == "OK"
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

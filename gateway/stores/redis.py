@@ -40,6 +40,7 @@ from gateway.stores.base import (
     StoredTopic,
     StoreError,
 )
+from gateway.stores.redis_cluster_wire import SlotsMoved
 from gateway.stores.redis_codec import (
     IDS_KEY,
     NOTIFY,
@@ -70,6 +71,7 @@ CLAIM_LEASE = 30.0
 PIPELINES_IN_FLIGHT = 4
 _COMMIT_DELAY = 0.002  # records nobody awaits are sent this soon
 _RETRY_MIN, _RETRY_MAX = 0.05, 2.0
+_MOVED_TRIES = 5  # a pipeline the Cluster's slots failed is sent so often before it fails
 _HEALTH_EVERY = 1.0
 
 # one recorded call: (function, topic prefix, arguments); removes and updates of one group
@@ -166,8 +168,8 @@ class RedisStore(SharedStore):
         self._pending: list[_Op] = []
         self._notifying: set[str] = set()  # topics with a notification in _pending
         self._recorded = 0  # calls recorded so far
-        # pipelines on the wire, several at once where one connection keeps them in order
-        self._flights = Flights(PIPELINES_IN_FLIGHT if self.link.overlaps else 1)
+        # pipelines on the wire, several at once: each connection keeps them in order
+        self._flights = Flights(PIPELINES_IN_FLIGHT)
         self._wake = trio.Event()
         self._woken = False  # _wake set since the commit loop took it (for the hot path)
         self._block = (1, 0)  # next id, last id of the current block
@@ -439,7 +441,22 @@ class RedisStore(SharedStore):
     async def _write(self, read: _Op | None = None) -> Any:
         """Send what is recorded as one pipeline, behind those already on the wire, and
         wait until it counts as written; `read`: one more call at the end of the same
-        pipeline, whose reply is returned (a claim rides with the records before it)."""
+        pipeline, whose reply is returned (a claim rides with the records before it).
+        A pipeline that failed because a Cluster's slots moved is sent again at once, on
+        the slot map read again (redis_cluster_wire.py), a few times before its callers
+        see the error."""
+        for attempt in range(1, _MOVED_TRIES + 1):
+            try:
+                return await self._write_once(read)
+            except SlotsMoved as exc:
+                if attempt == _MOVED_TRIES:
+                    self._failing(exc)
+                    raise
+                # a slot being migrated answers TRYAGAIN until it is done: not in a spin
+                await trio.sleep(_RETRY_MIN * (attempt - 1))
+        raise AssertionError("unreachable")
+
+    async def _write_once(self, read: _Op | None) -> Any:
         flights = self._flights
         while flights.full:
             await flights.changed()
@@ -467,10 +484,14 @@ class RedisStore(SharedStore):
                 replies = await self.link.send(wire if read is None else [*wire, read])
             except StoreError as exc:
                 error = exc
-        back = flights.answered(seq, error is None)
+        back = flights.answered(seq, error)
         if back:
             self._pending[:0] = back  # kept, in order, for the retry
-        if not await flights.verdict(seq):
+        cause = await flights.verdict(seq)
+        if cause is not None:
+            if isinstance(cause, SlotsMoved):
+                # this pipeline, or one before it, met slots that moved: sent again
+                raise SlotsMoved(str(cause))
             error = error or StoreError(f"{self.where}: a write before this one failed")
             self._failing(error)
             raise error

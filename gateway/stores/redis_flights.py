@@ -12,7 +12,9 @@ for written.
 A failure (a lost connection fails every pipeline still on the wire) stops new
 pipelines until every one in flight has settled; then the failed one and all after it go
 back, in their order, to the front of what is recorded, for the store's retry (every
-step is idempotent). Its `flush()` callers see StoreError, as before.
+step is idempotent). Every pipeline of the failure gets the error that began it as its
+verdict, so that the store can tell a lost connection (its `flush()` callers see
+StoreError) from slots that moved on a Cluster (sent again at once).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+
+from gateway.stores.base import StoreError
 
 # ops of one pipeline: (function, key, arguments)
 Ops = list[tuple[str, str, list[Any]]]
@@ -32,16 +36,17 @@ class Flights:
         self.submitted = 0  # ... and by pipelines sent (answered or not)
         self._seq = 0
         self._flying: dict[int, tuple[int, Ops]] = {}  # seq -> (record count, ops), in order
-        self._answers: dict[int, bool] = {}  # answered, not yet accounted for
-        self._verdicts: dict[int, bool] = {}  # accounted for: written or not
-        self._failing = False  # a pipeline failed: the rest are coming back
+        self._answers: dict[int, StoreError | None] = {}  # answered, not yet accounted for
+        # accounted for: None when written, else the error that began its failure
+        self._verdicts: dict[int, StoreError | None] = {}
+        self._failing: StoreError | None = None  # a pipeline failed: the rest come back
         self._returned: list[Ops] = []
         self._changed = trio.Event()
 
     @property
     def full(self) -> bool:
         """No pipeline may be sent now: `depth` are flying, or a failure is settling."""
-        return self._failing or len(self._flying) >= self.depth
+        return self._failing is not None or len(self._flying) >= self.depth
 
     async def changed(self) -> None:
         """Wait until some pipeline is accounted for."""
@@ -55,35 +60,38 @@ class Flights:
         self.submitted = target
         return seq
 
-    def answered(self, seq: int, ok: bool) -> Ops | None:
-        """Pipeline `seq` was answered (`ok`: without error). Returns the ops to put back,
-        in order, in front of the records, once the last pipeline of a failure settled."""
-        self._answers[seq] = ok
+    def answered(self, seq: int, error: StoreError | None) -> Ops | None:
+        """Pipeline `seq` was answered (`error`: None when without one). Returns the ops
+        to put back, in order, in front of the records, once the last pipeline of a
+        failure settled."""
+        self._answers[seq] = error
         flying = self._flying
         while flying:
             first = next(iter(flying))
             if first not in self._answers:
                 break
             target, ops = flying.pop(first)
-            good = self._answers.pop(first) and not self._failing
-            self._verdicts[first] = good
-            if good:
+            failed = self._answers.pop(first)
+            if self._failing is None and failed is None:
+                self._verdicts[first] = None
                 self.written = target
             else:
-                self._failing = True
+                self._failing = self._failing or failed
+                self._verdicts[first] = self._failing
                 self._returned.append(ops)
         back: Ops | None = None
-        if self._failing and not flying:
+        if self._failing is not None and not flying:
             back = [op for ops in self._returned for op in ops]
             self._returned = []
-            self._failing = False
+            self._failing = None
             self.submitted = self.written
         self._changed.set()
         self._changed = trio.Event()
         return back
 
-    async def verdict(self, seq: int) -> bool:
-        """Whether pipeline `seq` counts as written (it and everything before it were)."""
+    async def verdict(self, seq: int) -> StoreError | None:
+        """None when pipeline `seq` counts as written (it and everything before it were);
+        else the error that began the failure it is part of."""
         while seq not in self._verdicts:
             await self.changed()
         return self._verdicts.pop(seq)

@@ -17,9 +17,10 @@ from typing import Any
 import trio
 
 from gateway.stores.base import StoreError
+from gateway.stores.redis_cluster_wire import ClusterWire, SlotsMoved
 from gateway.stores.redis_lua import LIBRARY, OLD_LIBRARIES
 from gateway.stores.redis_url import RedisTarget
-from gateway.stores.redis_wire import Replies, Wire
+from gateway.stores.redis_wire import Wire
 
 log = logging.getLogger("gateway.store")
 # coredis logs every retry of a command at INFO: the store says what matters itself
@@ -40,7 +41,8 @@ class RedisLink:
         self._closed = trio.Event()
         self._done = trio.Event()
         self._started = False
-        self._wire = Wire(target)  # the connection of ordered writes (standalone Redis)
+        # the connection of ordered writes: one, or one per master of a Cluster
+        self._wire: Wire | ClusterWire = ClusterWire(target) if target.cluster else Wire(target)
 
     async def connect(self) -> None:
         """Connect and load the library, retrying with back-off for `wait` seconds; raises
@@ -134,19 +136,16 @@ class RedisLink:
 
     # -- ordered writes ----------------------------------------------------------
     #
-    # The store's writes and claims go through one connection of their own (redis_wire.py,
+    # The store's writes and claims go through connections of their own (redis_wire.py,
     # plain RESP: a coredis round trip costs several times the CPU), so that several
     # pipelines can be on the wire at once and Redis still applies them in the order they
-    # were sent. A Cluster client routes each command to its node itself: there the store
-    # keeps one pipeline in flight through coredis (`overlaps` False).
-
-    @property
-    def overlaps(self) -> bool:
-        return not self.target.cluster
+    # were sent: one connection to a single Redis, one per master of a Cluster
+    # (redis_cluster_wire.py: a topic's calls all go to its master).
 
     async def prepare(self) -> None:
-        """Connect the write connection again after a loss."""
-        if self.overlaps and not self._wire.usable:
+        """Connect the write connections again after a loss (on a Cluster: read the slot
+        map again after slots moved)."""
+        if not self._wire.usable:
             try:
                 await self._wire.open()
             except StoreError:
@@ -157,14 +156,19 @@ class RedisLink:
         """Put `ops` on the wire now, after every pipeline sent before (no await between
         the caller's choice of ops and this); await the result for their replies. Raises
         StoreError, at once or from the result."""
-        if not self.overlaps or not ops:
+        if not ops:
             return self.pipeline(ops)
-        replies = self._wire.send([_command(op) for op in ops])
-        return self._replies(replies)
+        commands = [_command(op) for op in ops]
+        wire = self._wire
+        if isinstance(wire, ClusterWire):
+            return self._replies(wire.result(wire.send(commands)))
+        return self._replies(wire.result(wire.send(commands)))
 
-    async def _replies(self, replies: Replies) -> tuple[Any, ...]:
+    async def _replies(self, pending: Awaitable[list[Any]]) -> tuple[Any, ...]:
         try:
-            got = await self._wire.result(replies)
+            got = await pending
+        except SlotsMoved:
+            raise  # Redis is up: the map is read again for the retry
         except StoreError:
             self.up = False
             raise

@@ -139,6 +139,15 @@ class Wire:
             raise replies.error
         return replies.got
 
+    async def flush(self) -> None:
+        """Write everything queued (the first writer writes for every caller)."""
+        await self._write()
+
+    def drop(self, why: str) -> None:
+        """Give the connection up: every pipeline not answered fails (as when it is lost)."""
+        if self._stream is not None:
+            self._lost(ConnectionResetError(why))
+
     async def _write(self) -> None:
         if self._writing:
             return  # the writer at work sends what was queued, ours included

@@ -54,7 +54,8 @@ async def mpub(gw: GatewayProc, topic: str, bodies: list[bytes]) -> None:
     conn = await RawNSQ.connect(gw)  # type: ignore[arg-type]
     payload = be32(len(bodies)) + b"".join(be32(len(b)) + b for b in bodies)
     await conn.send(f"MPUB {topic}\n".encode() + be32(len(payload)) + payload)
-    assert await conn.frame(10) == (FRAME_RESPONSE, b"OK")
+    got = await conn.frame(10)
+    assert got == (FRAME_RESPONSE, b"OK"), got
     await conn.aclose()
 
 
