@@ -146,8 +146,8 @@ class ClusterWire:
         """Queue a pipeline's calls, each on its master's connection behind every call
         queued there before; no await."""
         slots = self._slots
-        if slots is None:
-            raise StoreError(f"{self.where}: not connected")
+        if slots is None:  # slots moved since the caller's prepare(): sent again
+            raise SlotsMoved(f"{self.where}: the slot map is being read again")
         by_node: dict[Node, list[int]] = {}
         for i, command in enumerate(commands):
             by_node.setdefault(slots[key_slot(_key(command))], []).append(i)
@@ -168,9 +168,8 @@ class ClusterWire:
         for positions, wire, replies in sent.parts:
             try:
                 got = await wire.result(replies)
-            except StoreError as exc:
+            except StoreError as exc:  # that master's connection is lost (not usable)
                 failed = failed or exc
-                self._slots = None
                 continue
             for i, reply in zip(positions, got, strict=True):
                 # MOVED, ASK, TRYAGAIN, CLUSTERDOWN, as the parser makes them: the slot
