@@ -426,8 +426,11 @@ class SQLiteStore(Store):
             with trio.move_on_at(wake_at):
                 await self._apply_wake.wait()
             self._apply_wake = trio.Event()
-            if self._unapplied and not self._applying:
-                if await self._apply():
+            tail = self._unapplied
+            if tail and not self._applying and (tail.full or trio.current_time() >= tail.due):
+                # what is fsynced: its publishes join into batches (the rest, a pass later)
+                upto = None if self.fsync == "never" else self._fsyncs.synced
+                if await self._apply(upto):
                     retry = _RETRY_FIRST
                 else:
                     await trio.sleep(retry)  # a failing disk: try again, backing off
@@ -452,12 +455,13 @@ class SQLiteStore(Store):
                     _MAINTAIN_BUSY if freed else _MAINTAIN_IDLE
                 )
 
-    async def _apply(self) -> bool:
-        """Apply everything the log holds that the index lacks, in one transaction."""
+    async def _apply(self, upto: Position | None = None) -> bool:
+        """Apply everything the log holds that the index lacks (`upto`: the frames that
+        end there or before, if any do), in one transaction."""
         if self._applying:
             await self._applied_event.wait()
             return self._index_failed is None
-        taken = self._unapplied.take()
+        taken = self._unapplied.take(upto)
         frames, position = taken[:2]
         self._applying = True
         try:

@@ -443,9 +443,12 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
         out.append(_joined(chain))
 
     for op in puts:
-        single = op[3] == 1 and op[7] is None and _before(op[8][6], fence)
+        batch = op[8]
+        single = op[3] == 1 and op[7] is None and _before(batch[6], fence)
         if single:
-            key = (op[1], op[4:8], op[8][1], op[8][3:6])  # groups, fields, ttr, the rest
+            # groups, due, priority, attempts, ttr, reply-to, headers, header block (flat:
+            # one tuple to build and hash per publish)
+            key = (op[1], op[4], op[5], op[6], batch[1], batch[3], batch[4], batch[5])
             chain = chains.get(key)
             if chain is not None:
                 last = chain[-1]
@@ -475,50 +478,67 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
 def _joined(chain: list[Op]) -> Op:
     """One publish of the chain's messages, with a place for every id from its first to
     its last: the ids of other publishes between them hold an empty body and are the
-    batch's holes."""
+    batch's holes. Work per publish of the chain, and per place only to fill the holes
+    in (several tubes in turn: most places are holes)."""
     head = chain[0]
-    if len(chain) == 1:
+    own = len(chain)
+    if own == 1:
         return (*head, None, None, 0)
     first_id = head[2]
     n = chain[-1][2] - first_id + 1
     ts, ttr, origin, reply_to, headers, block, first = head[8][:7]
-    places: list[Op | None] = [None] * n
-    for op in chain:
-        places[op[2] - first_id] = op
+    places = None  # where each publish goes among the places, if there are holes
     holes = 0
-    for k, op in enumerate(places):
-        if op is None:
-            holes |= 1 << k
+    if own != n:
+        places = [op[2] - first_id for op in chain]
+        mask = 0
+        for k in places:
+            mask |= 1 << k
+        holes = ((1 << n) - 1) ^ mask
+    wheres = [op[8][6] for op in chain]
     if type(first) is tuple:  # in one segment: one range, read at once
         base = first[1]
-        views: list[Any] = []
-        at: list[int] = []
-        lengths: list[int] = []
-        for op in places:
-            if op is None:  # a hole: an empty body where the last one ended
-                at.append(at[-1] + lengths[-1])
-                lengths.append(0)
-            else:
-                where = op[8][6]
-                views.append(where[2])
-                at.append(where[1] - base)
-                lengths.append(where[2].nbytes)
+        views = [w[2] for w in wheres]
+        sizes = [v.nbytes for v in views]
+        offsets = [w[1] - base for w in wheres]
+        if places is None:
+            at, lengths = offsets, sizes
+        else:
+            lengths = _spread(places, sizes, n, 0)
+            at = [0] * n
+            # a hole: an empty body where the publish before it ends
+            for k, nxt, size, offset in zip(places, [*places[1:], n], sizes, offsets, strict=True):
+                at[k] = offset
+                if nxt > k + 1:
+                    at[k + 1 : nxt] = [offset + size] * (nxt - k - 1)
         ends = array("I", accumulate(lengths)).tobytes()
-        last = chain[-1][8][6]
+        last = wheres[-1]
         span = last[1] + last[4] - base
-        starts = array("I", at).tobytes() if holes or span != sum(lengths) else None
+        starts = array("I", at).tobytes() if holes or span != sum(sizes) else None
         joined = memoryview(b"".join(views))
         bodies: Any = (first[0], base, joined, starts, span)
     else:
-        raw = [b"" if op is None else op[8][6] for op in places]
+        raw = wheres if places is None else _spread(places, wheres, n, b"")
         ends = array("I", accumulate(map(len, raw))).tobytes()
         bodies = b"".join(raw)
-    times = [ts if op is None else op[8][0] for op in places]
-    stamps = array("q", times).tobytes() if times.count(ts) != n else None
-    froms = [origin if op is None else op[8][2] for op in places]
-    origins = json.dumps(froms) if froms.count(origin) != n else None
+    times = [op[8][0] for op in chain]
+    stamps = None
+    if times.count(ts) != own:
+        stamps = array("q", times if places is None else _spread(places, times, n, ts)).tobytes()
+    froms = [op[8][2] for op in chain]
+    origins = None
+    if froms.count(origin) != own:
+        origins = json.dumps(froms if places is None else _spread(places, froms, n, origin))
     batch = (ts, ttr, origin, reply_to, headers, block, bodies, ends)
     return (*head[:3], n, *head[4:8], batch, stamps, origins, holes)
+
+
+def _spread(places: list[int], values: list[Any], n: int, hole: Any) -> list[Any]:
+    """`values` at their `places` among n, `hole` at every other place."""
+    out = [hole] * n
+    for k, v in zip(places, values, strict=True):
+        out[k] = v
+    return out
 
 
 def _before(where: Any, fence: tuple[int, int]) -> bool:

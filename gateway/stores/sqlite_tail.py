@@ -1,8 +1,8 @@
 """The log's tail the index does not hold yet (the durable store's event-loop side): the
 frames written since the index was last brought up to date, what they weigh, the
 position the last one ends at, and when the oldest was written. The store's index task
-takes the whole tail for one transaction (`take`), and gives it back, in order, if that
-failed (`give_back`)."""
+takes the tail, or its fsynced part, for one transaction (`take`), and gives it back, in
+order, if that failed (`give_back`)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ APPLY_BYTES = 8 * 1024 * 1024
 APPLY_RECORDS = 50_000
 APPLY_AGE = 0.5
 
+# a frame's end, size, record count and when it was written
+_End = tuple[Position, int, int, float]
 # frames taken for one transaction: the frames, the position the last ends at, their
-# bytes and records
-Taken = tuple[list[Written], Position, int, int]
+# bytes and records, and each one's _End
+Taken = tuple[list[Written], Position, int, int, list[_End]]
 
 
 class Tail:
@@ -31,6 +33,8 @@ class Tail:
 
     def __init__(self) -> None:
         self.frames: list[Written] = []
+        # where each frame ends, its size and record count, and when it was written
+        self._ends: list[_End] = []
         self.size = 0
         self.records = 0
         self.position: Position = (0, 0)  # where the last frame ends
@@ -44,32 +48,65 @@ class Tail:
         """When (Trio clock) the index must take the tail, however little it holds."""
         return self.since + APPLY_AGE
 
+    @property
+    def full(self) -> bool:
+        """Large enough for the index to take it now, however young."""
+        return self.size >= APPLY_BYTES or self.records >= APPLY_RECORDS
+
     def wrote(self, ops: list[tuple[Any, ...]], frame: Frame, position: Position) -> bool:
-        """`frame`, holding `ops`, was written ending at `position`; True once the tail
-        is large enough for the index to take it now."""
-        if not self.frames:
-            self.since = trio.current_time()
+        """`frame`, holding `ops`, was written ending at `position`. True when the index's
+        task must look again: the tail was empty (it has a due time now) or is full."""
+        now = trio.current_time()
+        first = not self.frames
+        if first:
+            self.since = now
         _, starts, size = frame
         if starts:  # where this frame's bodies are: the index points there
             at = position[1] - size
             starts = [at + s for s in starts]
         self.frames.append((ops, position[0], starts))
+        self._ends.append((position, size, len(ops), now))
         self.size += size
         self.records += len(ops)
         self.position = position
-        return self.size >= APPLY_BYTES or self.records >= APPLY_RECORDS
+        return first or self.full
 
-    def take(self) -> Taken:
-        taken = (self.frames, self.position, self.size, self.records)
-        self.frames = []
-        self.size = self.records = 0
+    def take(self, upto: Position | None = None) -> Taken:
+        """Every frame, or those that end at `upto` or before (all of them if none does):
+        the index's regular pass takes what is fsynced, so that the publishes it holds
+        join into batches (sqlite_sql._coalesced joins only fsynced ones); the rest wait
+        for the next pass, fsynced by then."""
+        cut = len(self.frames)
+        if upto is not None and self.position > upto:
+            ends = self._ends
+            cut = 0
+            while cut < len(ends) and ends[cut][0] <= upto:
+                cut += 1
+            if cut == 0:
+                cut = len(self.frames)
+        if cut == len(self.frames):
+            taken = (self.frames, self.position, self.size, self.records, self._ends)
+            self.frames, self._ends = [], []
+            self.size = self.records = 0
+            return taken
+        ends = self._ends[:cut]
+        size = sum(e[1] for e in ends)
+        records = sum(e[2] for e in ends)
+        taken = (self.frames[:cut], ends[-1][0], size, records, ends)
+        del self.frames[:cut]
+        del self._ends[:cut]
+        self.size -= size
+        self.records -= records
+        self.since = self._ends[0][3]
         return taken
 
     def give_back(self, taken: Taken) -> None:
         """Frames the index could not take: before those written since, as they were."""
-        frames, _, size, records = taken
+        frames, position, size, records, ends = taken
         if not self.frames:
-            self.since = trio.current_time()
+            self.position = position
         self.frames[:0] = frames
+        self._ends[:0] = ends
         self.size += size
         self.records += records
+        self.since = ends[0][3] if ends else trio.current_time()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 from array import array
 from itertools import accumulate
 from pathlib import Path
@@ -21,6 +22,7 @@ from gateway.stores import sqlite as sqlite_store
 from gateway.stores.base import StoreError
 from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
 from gateway.stores.sqlite import FsyncPolicy
+from gateway.stores.sqlite_tail import APPLY_AGE
 
 
 def frames(directory: Path, after: tuple[int, int] = (0, 0)) -> list[list[tuple[object, ...]]]:
@@ -518,4 +520,48 @@ async def test_only_fsynced_publishes_join_into_a_batch(tmp_path: Path) -> None:
     await store.caught_up()  # fsynced first: they join
     rows = await batch_rows(store)
     assert len(rows) == 11 and rows[-1][:2] == (11, 20)
+    await store.close()
+
+
+async def test_the_index_s_regular_pass_takes_what_is_fsynced_and_the_rest_joins_later(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """Under the interval policy the index's pass takes the frames fsynced by then and
+    leaves the newer ones for the next pass, fsynced by that time: they join into one
+    batch too, instead of a batch (one row, one run) each. And the first write after the
+    index's task went idle gets its pass APPLY_AGE later, not at the next maintenance."""
+    store = await group_store(tmp_path / "gateway.db", fsync=10_000)  # no fsync unasked
+
+    async def after(seconds: float, *, a_pass: bool = True) -> None:
+        """`seconds` later; with `a_pass`, once the index's pass then due is done."""
+        applied = store._applied_event
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()
+        give_up = time.monotonic() + 10
+        while a_pass and not applied.is_set():  # the index's thread, in real time
+            assert time.monotonic() < give_up, "no pass of the index"
+            await trio.sleep(0)
+
+    async def put(ids: range) -> None:
+        for i in ids:
+            store.put("t", ["g"], [Message(i, "t", b"m%d" % i, 1)], 0.0)
+            await store.flush()
+
+    store.reserve_ids(1000)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await trio.testing.wait_all_tasks_blocked()  # the index's task idle: nothing to do
+        await put(range(1, 11))
+        await store._fsyncs.sync()
+        await after(APPLY_AGE / 2, a_pass=False)
+        await put(range(11, 21))  # written, not fsynced when the pass comes
+        await after(APPLY_AGE / 2)  # the pass, APPLY_AGE after the first write
+        assert await batch_rows(store) == [(1, 10, True)]
+        assert len(store._unapplied.frames) == 10  # left for the next pass
+        await store._fsyncs.sync()
+        await after(APPLY_AGE / 2)  # the next, APPLY_AGE after they were written
+        assert await batch_rows(store) == [(1, 10, True), (11, 20, True)]
+        assert not store._unapplied
+        nursery.cancel_scope.cancel()
     await store.close()
