@@ -340,6 +340,8 @@ def _put(
     """Write the publishes; those of their messages finished or changed in the same run
     are taken out of `done` and `changed` (never written; a change is a run of one).
     Returns how many messages were written."""
+    if done:
+        puts = _unfinished(puts, changed, done)
     batch_rows = []
     run_rows = []
     written = 0
@@ -413,6 +415,38 @@ def _put(
     if run_rows:
         db.executemany(runs.INSERT, run_rows)
     return written
+
+
+def _unfinished(
+    puts: list[Op], changed: dict[int, _ByGroup], done: dict[int, _ByGroup]
+) -> list[Op]:
+    """The publishes with a message not finished in the same run. Those finished in every
+    group (a queue drained as it fills: nearly all) are never written: their finishes and
+    changes are taken out of `done` and `changed` here, before any joining or cutting."""
+    kept: list[Op] = []
+    for op in puts:
+        gids, first, n = op[1], op[2], op[3]
+        for gid in gids or (None,):  # (none: not a case the store records; kept)
+            d = done.get(gid)
+            if d is None:
+                break
+            items = d.items
+            if n == 1:
+                if first not in items:
+                    break
+            elif any(i not in items for i in range(first, first + n)):
+                break
+        else:
+            for gid in gids:
+                items = done[gid].items
+                c = changed.get(gid)
+                for i in range(first, first + n):
+                    del items[i]
+                    if c is not None:
+                        c.items.pop(i, None)
+            continue
+        kept.append(op)
+    return kept
 
 
 def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gateway.model import Message
 from gateway.stores import SQLiteStore
+from gateway.stores import sqlite_sql as sql
 
 
 def msg(i: int) -> Message:
@@ -262,3 +263,21 @@ async def test_puts_too_far_apart_are_batches_of_their_own(tmp_path: Path) -> No
     got = await store.load("t5", "g", (-(2**62), 0), 10)
     await store.close()
     assert [(m.id, m.body) for m in got] == [(5, b"job 5"), (75, b"job 75")]
+
+
+def test_publishes_finished_in_every_group_before_the_index_took_them_are_left_out() -> None:
+    """A queue drained as it fills: the index's pass meets most publishes with their
+    finishes. Those finished in every group go before any joining (their finishes and
+    changes with them); one with a message left, or a group left, stays whole."""
+
+    def put(first: int, n: int, gids: tuple[int, ...]) -> tuple[object, ...]:
+        return ("P", gids, first, n, 0.0, 1024, 0, None, ())
+
+    puts = [put(1, 1, (7,)), put(2, 3, (7,)), put(5, 1, (7, 8)), put(6, 2, (7,)), put(8, 1, (7,))]
+    done = sql._by_group([(7, i, 1024) for i in (1, 2, 3, 4, 5, 6, 8)] + [(8, 9, 1024)])
+    changed = sql._by_group([(7, 1, "u1"), (7, 6, "u6")])
+    kept = sql._unfinished(puts, changed, done)  # type: ignore[arg-type]
+    # 5 is not finished in group 8; 7 of the publish 6..7 is not finished
+    assert [op[2] for op in kept] == [5, 6]
+    assert sorted(done[7].items) == [5, 6] and sorted(done[8].items) == [9]
+    assert sorted(changed[7].items) == [6]  # the change of 1 went with its publish
