@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -88,7 +89,12 @@ class RedisServer:
 class RedisCluster:
     """Three masters on loopback, joined by `redis-cli --cluster create`."""
 
-    def __init__(self, directory: Path, masters: int = 3) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        masters: int = 3,
+        extra: Callable[[int], tuple[str, ...]] = lambda i: (),
+    ) -> None:
         # the bus port is the client port + 10000 unless named: past 55535 that is no port
         self.nodes = [
             RedisServer(
@@ -100,6 +106,7 @@ class RedisCluster:
                     "nodes.conf",
                     "--cluster-port",
                     str(free_port()),
+                    *extra(i),  # node i's own options (its TLS port)
                 ),
             )
             for i in range(masters)

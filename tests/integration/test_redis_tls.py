@@ -17,9 +17,10 @@ import pytest
 import trio
 import trustme
 
+from gateway.stores.redis_cluster_wire import key_slot
 from tests.helpers import RawBeanstalk
 from tests.integration.test_durability import REPO, start_gateway, supervised
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisCluster, RedisServer, free_port
 
 
 class TLSRedis:
@@ -110,3 +111,52 @@ async def test_a_missing_ca_file_is_a_config_error_naming_it(tmp_path: Path) -> 
     assert code != 0
     assert "ssl_ca_certs file '/no/such/ca.pem'" in err, err
     assert "Traceback" not in err, err
+
+
+async def test_two_gateways_share_a_tube_on_a_redis_cluster_over_tls(tmp_path: Path) -> None:
+    """`rediss+cluster://`: three masters with TLS on their client ports and their bus
+    (`tls-cluster yes`, so CLUSTER SLOTS names their TLS ports to a TLS client); the
+    gateways write to each master over TLS, checking its certificate."""
+    (tmp_path / "tls").mkdir()
+    tls = TLSRedis(tmp_path / "tls")  # the CA and the server's certificate, for every node
+    ports = [free_port() for _ in range(3)]
+    certs = ("--tls-cert-file", str(tmp_path / "tls" / "redis.pem"))
+    certs += ("--tls-key-file", str(tmp_path / "tls" / "redis.key"))
+    certs += ("--tls-ca-cert-file", str(tls.ca_file), "--tls-auth-clients", "no")
+    cluster = RedisCluster(
+        tmp_path / "cluster",
+        extra=lambda i: ("--tls-port", str(ports[i]), "--tls-cluster", "yes", *certs),
+    ).start()
+    url = f"rediss+cluster://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}?ssl_ca_certs={tls.ca_file}"
+    try:
+        async with supervised() as sup:
+            a = await start_gateway(sup, tmp_path / "a", "--store", url)
+            b = await start_gateway(sup, tmp_path / "b", "--store", url)
+            producer = await RawBeanstalk.connect(a)  # type: ignore[arg-type]
+            worker = await RawBeanstalk.connect(b)  # type: ignore[arg-type]
+            try:
+                assert await worker.call(b"watch tls-jobs\r\n") == b"WATCHING 2\r\n"
+                assert await producer.call(b"use tls-jobs\r\n") == b"USING tls-jobs\r\n"
+                ids = []
+                for i in range(50):
+                    reply = await producer.call(b"put 5 0 60 7\r\njob-%03d\r\n" % i)
+                    assert reply.startswith(b"INSERTED ")
+                    ids.append(int(reply.split()[1]))
+                got = []
+                for _ in ids:
+                    reply = await worker.call(b"reserve-with-timeout 10\r\n", timeout=15)
+                    assert reply.startswith(b"RESERVED ")
+                    job_id = int(reply.split()[1])
+                    got.append(reply.split(b"\r\n")[1])
+                    assert await worker.call(b"delete %d\r\n" % job_id) == b"DELETED\r\n"
+            finally:
+                await producer.aclose()
+                await worker.aclose()
+        assert got == [b"job-%03d" % i for i in range(50)]
+        # the tube's keys are on the master of its slot alone, written there over TLS
+        owner = cluster.owner(key_slot("tls-jobs"))
+        for node in cluster.nodes:
+            keys = node.cli("KEYS", "gw:{tls-jobs}:*").split()
+            assert bool(keys) == (node is owner), (node.port, keys)
+    finally:
+        cluster.stop()
