@@ -42,6 +42,8 @@ from _cpu import CpuCap
 from nsq import FRAME_ERROR, NSQConn, fin_lines, scan_frames
 from scaleout import CPU, command_usec, mpub_all, start_gateway, start_redis, subscriber
 
+from gateway.stores.redis_cluster_wire import key_slot
+from gateway.stores.redis_codec import topic_key
 from tests.redis_server import RedisCluster  # the suite's three masters on loopback
 
 
@@ -86,8 +88,7 @@ def spread_names(cluster: RedisCluster, count: int, stamp: int) -> list[str]:
     while len(names) < count:
         name = f"t{len(names)}-{stamp}-{k}"
         k += 1
-        # a topic's keys hash on the topic's name alone (the hash tag in every key)
-        slot = int(cluster.nodes[0].cli("CLUSTER", "KEYSLOT", name))
+        slot = key_slot(topic_key(name))  # the slot of every key of the topic
         want = owned[len(names) % len(owned)]
         if any(lo <= slot <= hi for lo, hi in want):
             names.append(name)

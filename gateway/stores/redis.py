@@ -445,7 +445,8 @@ class RedisStore(SharedStore):
         A pipeline that failed because a Cluster's slots moved is sent again at once, on
         the slot map read again (redis_cluster_wire.py), a few times before its callers
         see the error."""
-        for attempt in range(1, _MOVED_TRIES + 1):
+        attempt = 1
+        while True:
             try:
                 return await self._write_once(read)
             except SlotsMoved as exc:
@@ -454,7 +455,7 @@ class RedisStore(SharedStore):
                     raise
                 # a slot being migrated answers TRYAGAIN until it is done: not in a spin
                 await trio.sleep(_RETRY_MIN * (attempt - 1))
-        raise AssertionError("unreachable")
+                attempt += 1
 
     async def _write_once(self, read: _Op | None) -> Any:
         flights = self._flights

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import binascii
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import trio
@@ -183,8 +183,9 @@ class ClusterWire:
             raise failed
         return out
 
-    async def call(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
-        return await self.result(self.send(commands))
+    def submit(self, commands: Sequence[Sequence[Any]]) -> Awaitable[list[Any]]:
+        """Queue a pipeline now (`send`); await the result for its replies (`result`)."""
+        return self.result(self.send(commands))
 
     async def close(self) -> None:
         wires, self._wires = self._wires, {}

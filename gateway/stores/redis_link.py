@@ -158,11 +158,7 @@ class RedisLink:
         StoreError, at once or from the result."""
         if not ops:
             return self.pipeline(ops)
-        commands = [_command(op) for op in ops]
-        wire = self._wire
-        if isinstance(wire, ClusterWire):
-            return self._replies(wire.result(wire.send(commands)))
-        return self._replies(wire.result(wire.send(commands)))
+        return self._replies(self._wire.submit([_command(op) for op in ops]))
 
     async def _replies(self, pending: Awaitable[list[Any]]) -> tuple[Any, ...]:
         try:

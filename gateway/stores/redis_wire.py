@@ -17,7 +17,7 @@ Replies are parsed by coredis's compiled RESP parser.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import trio
@@ -114,8 +114,11 @@ class Wire:
     async def call(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Send a pipeline and wait for its replies (error replies are exceptions in the
         list). Raises StoreError when the connection fails."""
-        replies = self.send(commands)
-        return await self.result(replies)
+        return await self.submit(commands)
+
+    def submit(self, commands: Sequence[Sequence[Any]]) -> Awaitable[list[Any]]:
+        """Queue a pipeline now (`send`); await the result for its replies (`result`)."""
+        return self.result(self.send(commands))
 
     def send(self, commands: Sequence[Sequence[Any]]) -> Replies:
         """Queue a pipeline behind every one queued before; no await."""

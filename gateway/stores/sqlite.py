@@ -58,7 +58,7 @@ from gateway.stores.sqlite_open import (
     replay_into,
 )
 from gateway.stores.sqlite_runs import BURIED, READY
-from gateway.stores.sqlite_tail import Tail
+from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
@@ -462,7 +462,7 @@ class SQLiteStore(Store):
             await self._applied_event.wait()
             return self._index_failed is None
         taken = self._unapplied.take(upto)
-        frames, position = taken[:2]
+        frames, position = taken[0], taken_position(taken)
         self._applying = True
         try:
             # not abandoned on cancel: an apply that started always finishes

@@ -426,7 +426,7 @@ def _unfinished(
     kept: list[Op] = []
     for op in puts:
         gids, first, n = op[1], op[2], op[3]
-        for gid in gids or (None,):  # (none: not a case the store records; kept)
+        for gid in gids:
             d = done.get(gid)
             if d is None:
                 break

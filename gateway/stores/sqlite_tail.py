@@ -23,9 +23,8 @@ APPLY_AGE = 0.5
 
 # a frame's end, size, record count and when it was written
 _End = tuple[Position, int, int, float]
-# frames taken for one transaction: the frames, the position the last ends at, their
-# bytes and records, and each one's _End
-Taken = tuple[list[Written], Position, int, int, list[_End]]
+# frames taken for one transaction, and each one's _End
+Taken = tuple[list[Written], list[_End]]
 
 
 class Tail:
@@ -75,38 +74,33 @@ class Tail:
         """Every frame, or those that end at `upto` or before (all of them if none does):
         the index's regular pass takes what is fsynced, so that the publishes it holds
         join into batches (sqlite_sql._coalesced joins only fsynced ones); the rest wait
-        for the next pass, fsynced by then."""
-        cut = len(self.frames)
+        for the next pass, fsynced by then. Never empty: the tail must hold a frame."""
+        ends = self._ends
+        cut = len(ends)
         if upto is not None and self.position > upto:
-            ends = self._ends
             cut = 0
             while cut < len(ends) and ends[cut][0] <= upto:
                 cut += 1
-            if cut == 0:
-                cut = len(self.frames)
-        if cut == len(self.frames):
-            taken = (self.frames, self.position, self.size, self.records, self._ends)
-            self.frames, self._ends = [], []
-            self.size = self.records = 0
-            return taken
-        ends = self._ends[:cut]
-        size = sum(e[1] for e in ends)
-        records = sum(e[2] for e in ends)
-        taken = (self.frames[:cut], ends[-1][0], size, records, ends)
+            cut = cut or len(ends)
+        taken = (self.frames[:cut], ends[:cut])
         del self.frames[:cut]
-        del self._ends[:cut]
-        self.size -= size
-        self.records -= records
-        self.since = self._ends[0][3]
+        del ends[:cut]
+        self.size -= sum(e[1] for e in taken[1])
+        self.records -= sum(e[2] for e in taken[1])
+        if ends:
+            self.since = ends[0][3]
         return taken
 
     def give_back(self, taken: Taken) -> None:
         """Frames the index could not take: before those written since, as they were."""
-        frames, position, size, records, ends = taken
-        if not self.frames:
-            self.position = position
+        frames, ends = taken
         self.frames[:0] = frames
         self._ends[:0] = ends
-        self.size += size
-        self.records += records
-        self.since = ends[0][3] if ends else trio.current_time()
+        self.size += sum(e[1] for e in ends)
+        self.records += sum(e[2] for e in ends)
+        self.since = ends[0][3]
+
+
+def taken_position(taken: Taken) -> Position:
+    """Where the last frame taken ends."""
+    return taken[1][-1][0]
