@@ -443,16 +443,26 @@ redis.register_function('gw_update', function(keys, a)
   return applied
 end)
 
--- Set bits lo..hi (offsets) of bitmap `key` in one read and one write; returns the
--- offsets that were set already (finished before, or detached), in order.
-local function mark(key, lo, hi)
-  local b0, b1 = math.floor(lo / 8), math.floor(hi / 8)
+-- Set the bits of `runs` (sorted, disjoint {lo, hi} offsets) of bitmap `key` in one read
+-- and one write; returns the offsets that were set already (finished before, or
+-- detached), in order. Bit 0 is a byte's highest.
+local function mark(key, runs)
+  local masks = {}  -- byte -> the bits to set in it
+  for _, r in ipairs(runs) do
+    local lo, hi = r[1], r[2]
+    local k0, k1 = math.floor(lo / 8), math.floor(hi / 8)
+    for k = k0, k1 do
+      local m = 255
+      if k == k0 then m = bit.rshift(255, lo % 8) end
+      if k == k1 then m = bit.band(m, 255 - bit.rshift(255, hi % 8 + 1)) end
+      masks[k] = bit.bor(masks[k] or 0, m)
+    end
+  end
+  local b0, b1 = math.floor(runs[1][1] / 8), math.floor(runs[#runs][2] / 8)
   local old = redis.call('GETRANGE', key, b0, b1)
   local bytes, was = {}, {}
   for k = b0, b1 do
-    local o, m = string.byte(old, k - b0 + 1) or 0, 255
-    if k == b0 then m = bit.rshift(255, lo % 8) end  -- bit 0 is a byte's highest
-    if k == b1 then m = bit.band(m, 255 - bit.rshift(255, hi % 8 + 1)) end
+    local o, m = string.byte(old, k - b0 + 1) or 0, masks[k] or 0
     if bit.band(o, m) ~= 0 then
       for x = 0, 7 do
         local one = bit.rshift(128, x)
@@ -466,10 +476,11 @@ local function mark(key, lo, hi)
 end
 
 -- remove: group owner item... (acknowledged or deleted); an item is an id or a run of
--- ids "first:last"; owner '' removes whoever holds them. A run of a range claim costs a
--- few bitmap bytes and a count per batch, whatever its length; other messages are
--- removed from wherever they are, field by field, in bulk commands per call (a session's
--- batch of FINs is one call).
+-- ids "first:last"; owner '' removes whoever holds them. The runs that fall in one range
+-- claim cost one claim look-up, one read and one write of its bitmap and one count per
+-- batch, however many there are (consumers sharing a gateway's claims finish every
+-- other id, not runs); other messages are removed from wherever they are, field by
+-- field, in bulk commands per call (a session's batch of FINs is one call).
 redis.register_function('gw_remove', function(keys, a)
   local p, g, owner = keys[1], a[1], a[2]
   local items = {}
@@ -478,7 +489,12 @@ redis.register_function('gw_remove', function(keys, a)
     local lo = tonumber(string.sub(v, 1, 16), 16)
     items[#items + 1] = {lo, #v > 16 and tonumber(string.sub(v, 18, 33), 16) or lo}
   end
-  table.sort(items, function(x, y) return x[1] < y[1] end)
+  for i = 2, #items do  -- the gateway sends them in order: a sort only when they are not
+    if items[i][1] < items[i - 1][1] then
+      table.sort(items, function(x, y) return x[1] < y[1] end)
+      break
+    end
+  end
   local runs = {}
   for _, item in ipairs(items) do  -- adjacent and overlapping ones joined
     local run = runs[#runs]
@@ -491,46 +507,76 @@ redis.register_function('gw_remove', function(keys, a)
   items = runs
   local finished, rest, ranged, cur = 0, {}, {}, nil
   local ck = p .. 'c:' .. g
+  -- the claim whose runs are being gathered (`mine`: this owner's to finish), and what
+  -- each batch has lost so far, released once at the end
+  local c, mine, parts, free_upto = nil, false, {}, -1
+  local lost, order = {}, {}
+  local function settle()  -- claim c's gathered runs: bits set, counted per batch
+    if c and mine and #parts > 0 then
+      local offs = {}
+      for i, r in ipairs(parts) do offs[i] = {r[1] - c.f0, r[2] - c.f0} end
+      local was = mark(bits_key(p, g, c), offs)
+      local skip = {}
+      for _, off in ipairs(was) do
+        local x = hex(c.f0 + off)
+        skip[c.f0 + off] = true
+        rest[#rest + 1] = x  -- if detached, it is in f/o/s
+        ranged[x] = true
+      end
+      for _, r in ipairs(parts) do
+        local x = r[1]
+        while x <= r[2] do  -- the count of each batch the run crosses
+          cur = find(p, hex(x), cur)
+          if not cur then break end
+          local to = math.min(r[2], tonumber(cur.last, 16))
+          local k = to - x + 1
+          if #was > 0 then
+            for off = x, to do if skip[off] then k = k - 1 end end
+          end
+          if k > 0 then
+            local e = lost[cur.first]
+            if not e then
+              e = {cur, 0}
+              lost[cur.first] = e
+              order[#order + 1] = e
+            end
+            e[2] = e[2] + k
+          end
+          finished = finished + k
+          x = to + 1
+        end
+      end
+      claim_over(p, g, c)
+    end
+    c, parts = nil, {}
+  end
   for _, item in ipairs(items) do
     local id, last = item[1], item[2]
     while id <= last do
-      local h = hex(id)
-      local c = claim_of(p, g, h)
-      if c then
-        local upto = math.min(last, tonumber(c.last, 16))
-        if owner == '' or redis.call('HGET', p .. 'k:' .. g, c.member) == owner then
-          local was = mark(bits_key(p, g, c), id - c.f0, upto - c.f0)
-          local skip = {}
-          for _, off in ipairs(was) do
-            local x = hex(c.f0 + off)
-            skip[c.f0 + off] = true
-            rest[#rest + 1] = x  -- if detached, it is in f/o/s
-            ranged[x] = true
-          end
-          local x = id
-          while x <= upto do  -- the count of each batch the run crosses
-            cur = find(p, hex(x), cur)
-            if not cur then break end
-            local to = math.min(upto, tonumber(cur.last, 16))
-            local k = to - x + 1
-            if #was > 0 then
-              for off = x, to do if skip[off] then k = k - 1 end end
-            end
-            if k > 0 then release(p, cur, k) end
-            finished = finished + k
-            x = to + 1
-          end
-          claim_over(p, g, c)
-        end  -- another gateway's claim: not this one's to finish
+      if not (c and id <= c.l0) and id > free_upto then
+        settle()
+        c = claim_of(p, g, hex(id))
+        if c then
+          c.l0 = tonumber(c.last, 16)
+          mine = owner == '' or redis.call('HGET', p .. 'k:' .. g, c.member) == owner
+        else  -- no claim holds the ids up to the next claim's first
+          local nxt = redis.call('ZRANGEBYLEX', ck, '(' .. hex(id), '+', 'LIMIT', 0, 1)[1]
+          free_upto = nxt and tonumber(string.sub(nxt, 1, 16), 16) - 1 or math.huge
+        end
+      end
+      if c and id <= c.l0 then
+        local upto = math.min(last, c.l0)
+        if mine then parts[#parts + 1] = {id, upto} end  -- else another gateway's
         id = upto + 1
       else  -- one by one, up to the next claim
-        local nxt = redis.call('ZRANGEBYLEX', ck, '(' .. h, '+', 'LIMIT', 0, 1)[1]
-        local upto = nxt and math.min(last, tonumber(string.sub(nxt, 1, 16), 16) - 1) or last
+        local upto = math.min(last, free_upto)
         for x = id, upto do rest[#rest + 1] = hex(x) end
         id = upto + 1
       end
     end
   end
+  settle()
+  for _, e in ipairs(order) do release(p, e[1], e[2]) end
   if finished > 0 then redis.call('HINCRBY', p .. 'held', g, -finished) end
   local removed = finished
   if #rest > 0 then

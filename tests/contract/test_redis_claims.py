@@ -272,6 +272,56 @@ async def test_claims_follow_priority_then_id_across_publishes_and_requeues(
     await store.close()
 
 
+def command_calls(redis_server: RedisServer, command: str) -> int:
+    """How many times Redis ran `command` so far (INFO commandstats; a function's own
+    calls of it included)."""
+    for line in redis_server.cli("INFO", "commandstats").splitlines():
+        if line.startswith(f"cmdstat_{command}:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+async def test_finishing_every_other_message_of_a_claim_costs_one_bitmap_write(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two consumers sharing a gateway's claim get its messages in turn, so each finishes
+    every other id: no two of them make a run. The finishes that fall in one claim are
+    still one read and one write of its bitmap and one count for their batch, not a
+    claim look-up, a bitmap write and a count per message; and what they leave is
+    exactly what the claim still holds."""
+    cli = redis_server.cli
+    async with gateway(redis_url, tmp_path) as b:
+        async with gateway(redis_url, tmp_path, dies=True) as a:
+            ga = a.group("t", "c")
+            held = Finisher(hold=True)
+            ca = ga.attach(held, 1.5)
+            a.publish("t", [b"%d" % i for i in range(400)])
+            await a.flush()
+            ca.set_ready(400)
+            await until(lambda: len(held.got) == 400)
+            await a.flush()
+            assert cli("ZCARD", "gw:{t}:c:c").strip() == "1"
+            before = command_calls(redis_server, "setrange")
+            finished = held.got[::2]
+            for m in finished:
+                ga.finish(ca, m.id, pump=False)
+            await a.flush()
+            assert command_calls(redis_server, "setrange") - before == 1
+            assert cli("HGET", "gw:{t}:held", "c").strip() == "200"
+            assert cli("HGET", "gw:{t}:n", held.got[0].id.to_bytes(8).hex()).strip() == "200"
+        # A died holding the other half: B delivers exactly those, attempts counted
+        done = {m.id for m in finished}
+        unfinished = sorted(m.id for m in held.got if m.id not in done)
+        gb = b.group("t", "c")
+        sb = Finisher()
+        gb.attach(sb, 60).set_ready(1000)
+        await until(lambda: len(sb.got) >= len(unfinished))
+        await b.flush()
+        assert sorted(m.id for m in sb.got) == unfinished
+        assert all(m.attempts == 2 for m in sb.got)
+        assert cli("EXISTS", "gw:{t}:c:c", "gw:{t}:m", "gw:{t}:x").strip() == "0"
+
+
 async def test_a_batch_of_thousands_of_finishes_is_one_write_that_succeeds(
     redis_url: str, tmp_path: Path
 ) -> None:
