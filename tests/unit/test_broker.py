@@ -91,6 +91,24 @@ async def test_one_member_per_message_inside_a_group() -> None:
         assert s1.got and s2.got
 
 
+async def test_consumers_sharing_a_group_take_equal_runs_of_what_is_ready() -> None:
+    """Several consumers with room share what is ready in turns of an equal share each,
+    as one run of consecutive messages (their finishes are then runs of ids, which a
+    shared store records as one range); one message at a time still goes round."""
+    async with broker() as b:
+        g = b.group("t", "c")
+        sinks = [Collector() for _ in range(3)]
+        for s in sinks:
+            g.attach(s, 60).set_ready(1000)
+        b.publish("t", [b"%d" % i for i in range(300)])
+        runs = [[int(m.body) for m in s.got] for s in sinks]
+        assert sorted(len(r) for r in runs) == [100, 100, 100]
+        assert all(r == list(range(r[0], r[0] + 100)) for r in runs)
+        for _ in range(3):
+            b.publish("t", [b"one"])
+        assert [len(s.got) for s in sinks] == [101, 101, 101]
+
+
 async def test_priority_then_id_order() -> None:
     async with broker() as b:
         b.publish("t", [b"low"], priority=2000)
