@@ -102,8 +102,9 @@ class CPU:
         self.t0 = time.perf_counter()
         self.c0 = {k: process_cpu_seconds(p) or 0.0 for k, p in self.pids.items()}
 
-    def stop(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.t0
+    def stop(self, wall: float | None = None) -> dict[str, float]:
+        """`wall`: the workload's own time, when it ended before this call."""
+        wall = wall or time.perf_counter() - self.t0
         return {
             k: ((process_cpu_seconds(p) or 0.0) - self.c0[k]) / wall for k, p in self.pids.items()
         }

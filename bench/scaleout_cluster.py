@@ -47,13 +47,26 @@ from gateway.stores.redis_codec import topic_key
 from tests.redis_server import RedisCluster  # the suite's three masters on loopback
 
 
-def consume(addr: Address, topic: str, total: Any, n: int, start: Any, timeout: float) -> None:
+def consume(
+    addr: Address,
+    topic: str,
+    total: Any,
+    n: int,
+    start: Any,
+    timeout: float,
+    used: Any,
+    ended: Any,
+) -> None:
     """One consumer process: SUB, wait at `start` (a barrier every consumer and the timer
     pass), then FIN every message until the channel's consumers together have `n`
-    (`total`, shared with the channel's others)."""
+    (`total`, shared with the channel's others). `used`: its CPU seconds from the start;
+    `ended`: when the channel's last message arrived (perf_counter, the same clock in
+    every process), set by whichever consumer got it: the others notice only after
+    their next read times out."""
     with Watchdog(timeout) as wd:
         sub = subscriber(addr, wd, topic)
         start.wait()
+        t0 = time.process_time()
         sub.send(b"RDY 1000\n")
         while total.value < n:
             sub.sock.settimeout(0.2)
@@ -68,9 +81,12 @@ def consume(addr: Address, topic: str, total: Any, n: int, start: Any, timeout: 
                 sub.sock.sendall(fin_lines(ids))
                 with total.get_lock():
                     total.value += len(ids)
+                    if total.value >= n:
+                        ended.value = time.perf_counter()
             for ftype, data in others:
                 if not (ftype == FRAME_ERROR and data.startswith(b"E_FIN_FAILED")):
                     sub.handle_other(ftype, data)
+        used.value = time.process_time() - t0
         sub.close()
 
 
@@ -109,9 +125,12 @@ def run(
     ctx = mp.get_context("fork")
     start = ctx.Barrier(len(plan) + 1)  # every consumer subscribed, and the timer
     totals = {t: ctx.Value("q", 0) for t in topics}
+    ended = {t: ctx.Value("d", 0.0) for t in topics}
+    # the consumers' CPU seconds: on a small machine they share its cores with the gateways
+    used = [ctx.Value("d", 0.0) for _ in plan]
     procs = [
-        ctx.Process(target=consume, args=(con, t, totals[t], n, start, timeout))
-        for _, con, t in plan
+        ctx.Process(target=consume, args=(con, t, totals[t], n, start, timeout, u, ended[t]))
+        for (_, con, t), u in zip(plan, used, strict=True)
     ]
     for p in procs:
         p.start()
@@ -127,8 +146,9 @@ def run(
     start.wait()
     for p in procs:
         p.join(timeout)
-    wall = time.perf_counter() - t0
-    shares = cpu.stop()
+    wall = max(e.value for e in ended.values()) - t0
+    shares = cpu.stop(wall)
+    shares |= {f"consumer{i}": u.value / wall for i, u in enumerate(used)}
     after = [command_usec(p) for p in ports]
     commands: dict[str, float] = {}
     for b, a in zip(before, after, strict=True):
@@ -207,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                     redis_share = sum(v for k, v in shares.items() if k.startswith("redis"))
                     gw_cpu = " ".join(f"{v:.0%}" for k, v in shares.items() if k.startswith("gw"))
                     nodes = " ".join(f"{v:.0%}" for k, v in shares.items() if k.startswith("redis"))
+                    consumers = " ".join(
+                        f"{v:.0%}" for k, v in shares.items() if k.startswith("consumer")
+                    )
                     top = sorted(commands.items(), key=lambda kv: -kv[1])[:4]
                     rows.append(
                         [
@@ -215,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                             str(gws),
                             si(rate),
                             gw_cpu,
+                            consumers,
                             nodes,
                             f"{redis_share / rate * 1e6:.2f}",
                             ", ".join(f"{c} {u:.2f}" for c, u in top),
@@ -233,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateways",
         "msgs/s",
         "gateway CPU",
+        "consumer CPU",
         "redis CPU",
         "redis µs/msg",
         "µs/msg by command",
