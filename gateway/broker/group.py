@@ -26,6 +26,8 @@ from gateway.broker.stats import ACKNOWLEDGED, BURIED, DELIVERED, FOLD_AT, REQUE
 from gateway.model import Message
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gateway.broker.topic import Topic
 
 _INF = float("inf")
@@ -283,6 +285,45 @@ class Group:
         if pump:
             self._dispatch()
         return _OK
+
+    def finish_many(
+        self, consumer: Consumer | None, msg_ids: Sequence[int | None]
+    ) -> list[tuple[int, Outcome]]:
+        """`finish` for a consumer's batch of acknowledgements (NSQ FINs read together;
+        None: an id that could not be read), recorded in the store as one batch, the freed
+        slots left for `pump()`. Returns the refused ones: (position, outcome)."""
+        refused: list[tuple[int, Outcome]] = []
+        done: list[Message] = []
+        in_flight = self.in_flight
+        archive = self.archive
+        deadlines = self._deadlines
+        for k, msg_id in enumerate(msg_ids):
+            entry = in_flight.pop(msg_id, None) if msg_id is not None else None
+            if entry is None:
+                refused.append((k, _NOT_IN_FLIGHT))
+                continue
+            c = entry.consumer
+            if consumer is not None and c is not consumer:
+                in_flight[msg_id] = entry  # type: ignore[index]
+                refused.append((k, _NOT_OWNER))
+                continue
+            c.counts[ACKNOWLEDGED] += 1
+            msg = entry.message
+            samples = c.latency_samples
+            samples.append(time.time_ns() - msg.timestamp)
+            if len(samples) >= FOLD_AT:
+                c.latency.fold()
+            done.append(msg)
+            if archive is not None:
+                archive.record(events.ACKNOWLEDGED, msg, self.name, c.sink)
+            deadlines.finished(entry, in_flight)
+            c.in_flight -= 1
+            if c.attached and not c.waiting and c.in_flight < c.ready:
+                c.waiting = True
+                self._waiting.append(c)
+        if done:
+            self.recorder.finished_all(done)
+        return refused
 
     def pump(self) -> None:
         """Deliver to every consumer with room (after acknowledgements made with pump=False)."""

@@ -115,6 +115,11 @@ class GroupRecorder:
         """Acknowledged (NSQ FIN, beanstalkd delete of a reserved job)."""
         self.store.remove(self.topic, self.group, (message,))
 
+    def finished_all(self, messages: Sequence[Message]) -> None:
+        """`finished` for each of a consumer's batch of acknowledgements, in order."""
+        for m in messages:
+            self.finished(m)
+
 
 class Store(abc.ABC):
     durable: ClassVar[bool] = False

@@ -120,6 +120,28 @@ class _Recorder(GroupRecorder):
                 return
         store._record_at("gw_remove", self._key, [self.group, "", message.id])
 
+    def finished_all(self, messages: Sequence[Message]) -> None:
+        """`finished` for a consumer's batch of FINs: their ids added to the group's
+        pending remove at once (a remove holds at most _MERGE_MAX arguments)."""
+        store = self.store
+        key, group = self._key, self.group
+        ids = [m.id for m in messages]
+        while ids:
+            pending = store._pending
+            if pending:
+                fn, p, args = pending[-1]
+                room = _MERGE_MAX - len(args)
+                if fn == "gw_remove" and p == key and args[0] == group and not args[1] and room > 0:
+                    args += ids[:room]
+                    ids = ids[room:]
+                    store._recorded += 1
+                    if not store._woken:
+                        store._woken = True
+                        store._wake.set()
+                    continue
+            take, ids = ids[: _MERGE_MAX - 2], ids[_MERGE_MAX - 2 :]
+            store._record_at("gw_remove", key, [group, "", *take])
+
 
 def _on_wire(op: _Op) -> _Op:
     """A call as it is sent: the ids of a remove (numbers, as recorded and merged) as runs

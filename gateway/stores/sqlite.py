@@ -676,3 +676,24 @@ class _Recorder(GroupRecorder):
                     runs += (message.priority, i, i)
             else:
                 store._record(("E", gid, [message.priority, i, i]))
+
+    def finished_all(self, messages: Sequence[Message]) -> None:
+        """`finished` for a consumer's batch of FINs, with one look-up of the record
+        they extend."""
+        if not messages or (gid := self._gid or self._bound()) is None:
+            return
+        store = self._sqlite
+        ops = store._ops
+        if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
+            runs = last[2]
+        else:
+            first = messages[0]
+            runs = [first.priority, first.id, first.id]
+            store._record(("E", gid, runs))
+            messages = messages[1:]
+        for m in messages:
+            i = m.id
+            if runs[-1] == i - 1 and runs[-3] == m.priority:
+                runs[-1] = i
+            else:
+                runs += (m.priority, i, i)

@@ -346,6 +346,34 @@ async def test_a_batch_of_thousands_of_finishes_is_one_write_that_succeeds(
         assert a.store_failed is None
 
 
+async def test_a_batch_of_finishes_past_one_calls_size_is_split_and_applied(
+    redis_url: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A consumer's batch of FINs goes into the group's pending remove at once
+    (`finish_many`); past what one call may carry it is split, and every part applies."""
+    n = 9000
+    async with gateway(redis_url, tmp_path) as a:
+        g = a.group("t", "c")
+        holder = Finisher(hold=True)
+        c = g.attach(holder, 600)
+        for i in range(0, n, 1000):
+            a.publish("t", [b"%d" % j for j in range(i, i + 1000)])
+        await a.flush()
+        c.set_ready(n)
+        await until(lambda: len(holder.got) == n)
+        await a.flush()
+        before = command_calls(redis_server, "fcall")
+        # every other one first (no runs), then the rest
+        assert g.finish_many(c, [m.id for m in holder.got[::2]]) == []
+        assert g.finish_many(c, [m.id for m in holder.got[1::2]]) == []
+        with trio.fail_after(10):
+            await a.flush()
+        assert command_calls(redis_server, "fcall") - before <= 4
+        await until(lambda: query_depth(a) == 0)
+        assert a.store_failed is None
+        assert redis_server.cli("HGET", "gw:{t}:held", "c").strip() in ("", "0")
+
+
 def query_depth(b: Broker) -> int:
     g = b.topics["t"].groups["c"]
     return g.depth + len(g.in_flight) + g.queue.stored_delayed + g.queue.stored_buried

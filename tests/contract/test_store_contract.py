@@ -336,6 +336,42 @@ async def test_broker_restart_keeps_every_state(pair: Pair) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_batch_of_finishes_is_kept_and_refusals_keep_their_places(pair: Pair) -> None:
+    """A consumer's batch of FINs (`finish_many`): the ids it may finish are finished and
+    stay finished after a crash, in the store's one batch record; an id not in flight, one
+    unreadable and another consumer's are refused at their places and change nothing."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery)
+        g = b.group("t", "c")
+        mine, theirs = Collector(), Collector()
+        c = g.attach(mine, 60)
+        c.set_ready(6)
+        b.publish("t", [b"%d" % i for i in range(6)])
+        other = g.attach(theirs, 60)
+        other.set_ready(1)
+        b.publish("t", [b"other", b"ready"])
+        ids = [m.id for m in mine.got]
+        g.finish(c, ids[1], pump=False)  # a record the batch extends
+        batch = [ids[0], ids[2], 10**9, ids[3], None, theirs.got[0].id, ids[5], ids[0]]
+        refused = g.finish_many(c, batch)
+        assert [k for k, _ in refused] == [2, 4, 5, 7]
+        assert [o.name for _, o in refused] == [
+            "NOT_IN_FLIGHT",
+            "NOT_IN_FLIGHT",
+            "NOT_OWNER",
+            "NOT_IN_FLIGHT",
+        ]
+        assert sorted(g.in_flight) == sorted([ids[4], theirs.got[0].id])
+        await b.flush()
+        nursery.cancel_scope.cancel()  # a crash
+    async with trio.open_nursery() as nursery:
+        b2 = await restart(pair, b, nursery)
+        sink = Collector()
+        b2.topics["t"].groups["c"].attach(sink, 60).set_ready(10)
+        assert sorted(sink.bodies) == [b"4", b"other", b"ready"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_clean_stop_returns_deliveries_and_keeps_them(pair: Pair) -> None:
     async with trio.open_nursery() as nursery:
         b = await started(pair, nursery)

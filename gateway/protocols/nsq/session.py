@@ -558,18 +558,10 @@ class NSQSession:
         group = self.group
         consumer = self.consumer
         assert group is not None
-        finish = group.finish
-        done = 0
-        for raw in msg_ids:
-            msg_id = _parse_id(raw)
-            outcome = (
-                Outcome.NOT_IN_FLIGHT if msg_id is None else finish(consumer, msg_id, pump=False)
-            )
-            if outcome:
-                self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", raw, outcome))
-            else:
-                done += 1
-        self.finish_count += done
+        refused = group.finish_many(consumer, [_parse_id(raw) for raw in msg_ids])
+        for k, outcome in refused:
+            self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", msg_ids[k], outcome))
+        self.finish_count += len(msg_ids) - len(refused)
 
     def _req(self, event: ev.Req) -> None:
         msg_id = _parse_id(event.msg_id)
