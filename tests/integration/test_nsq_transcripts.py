@@ -102,6 +102,12 @@ SIMPLE = [
         False,
     ),
     (
+        # an id of the right length that is not lowercase hex: not one nsqd handed out
+        b"SUB subt ch\nFIN 00000000000000AB\nNOP\n",
+        [(0, b"OK"), (1, b"E_FIN_FAILED FIN 00000000000000AB failed ID not in flight")],
+        False,
+    ),
+    (
         b"SUB subt ch\nREQ 0000000000000000 0\n",
         [(0, b"OK"), (1, b"E_REQ_FAILED REQ 0000000000000000 failed ID not in flight")],
         False,

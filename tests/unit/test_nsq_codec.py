@@ -144,6 +144,17 @@ TRANSCRIPTS: list[tuple[bytes, State, list[ev.Event]]] = [
     ),
     (b"FIN 000000000000000\r\n", State.SUBSCRIBED, [err(b"E_INVALID invalid message ID")]),
     (
+        # only well-formed ids (lowercase hex) join a batch, which the session reads as
+        # numbers unchecked; another id of the right length is a FIN of its own
+        b"FIN 0000000000000001\nFIN 00000000000000AB\nFIN 0000000000000002\n",
+        State.SUBSCRIBED,
+        [
+            ev.FinBatch([b"0000000000000001"]),
+            ev.Fin(b"00000000000000AB"),
+            ev.FinBatch([b"0000000000000002"]),
+        ],
+    ),
+    (
         b"REQ 0000000000000000\n",
         State.SUBSCRIBED,
         [err(b"E_INVALID REQ insufficient number of params")],

@@ -46,7 +46,10 @@ _INIT, _SUBSCRIBED, _CLOSING, _CLOSED = State.INIT, State.SUBSCRIBED, State.CLOS
 # A run of consecutive "FIN <16-byte id>\n" lines: what a busy consumer sends most. The id
 # class excludes what would make nsqd split or strip differently (space, \r, \n); those lines
 # take the general path. One regex match replaces a parse per line.
-_FIN_RUN = re.compile(rb"(?:FIN [^ \r\n]{16}\n)+")
+# A run of FINs whose ids are well formed (16 lowercase hex digits, as nsqd writes them):
+# the session reads them as numbers with no further check. Any other FIN is a command of
+# its own, answered E_FIN_FAILED if its id is not one of ours.
+_FIN_RUN = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
 _FIN_LINE = 21
 
 

@@ -262,9 +262,12 @@ class NSQSession:
                 got_command = True
                 cls = event.__class__
                 if cls is ev.FinBatch:
-                    self._fins(event.msg_ids)  # type: ignore[union-attr]
+                    ids = event.msg_ids  # type: ignore[union-attr]
+                    # well formed by the codec (FinBatch): numbers without a check each
+                    self._fins(ids, [int(raw, 16) for raw in ids])
                 elif cls is ev.Fin:
-                    self._fins([event.msg_id])  # type: ignore[union-attr]
+                    raw = event.msg_id  # type: ignore[union-attr]
+                    self._fins([raw], [_parse_id(raw)])
                 elif cls is ev.Pub:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
@@ -554,11 +557,12 @@ class NSQSession:
         else:
             self.conn.out.append(OK_FRAME)
 
-    def _fins(self, msg_ids: list[bytes]) -> None:
+    def _fins(self, msg_ids: list[bytes], parsed: list[int | None]) -> None:
+        """FINs of `msg_ids` (as sent), `parsed` the ids they name (None: not one)."""
         group = self.group
         consumer = self.consumer
         assert group is not None
-        refused = group.finish_many(consumer, [_parse_id(raw) for raw in msg_ids])
+        refused = group.finish_many(consumer, parsed)
         for k, outcome in refused:
             self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", msg_ids[k], outcome))
         self.finish_count += len(msg_ids) - len(refused)
