@@ -4,7 +4,6 @@ memory window keeps bounded)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 
 from prometheus_client.core import (
@@ -16,38 +15,25 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gateway.broker import Broker, query
-
-# a commit of the durable store is one write to its log: microseconds into the page
-# cache, milliseconds when the disk is busy, seconds on a struggling one
-COMMIT_BUCKETS = (
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-)  # fmt: skip
+from gateway.stores.base import COMMIT_BUCKETS
 
 
 class StoreCollector(Collector):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._buckets = [0] * (len(COMMIT_BUCKETS) + 1)
-        self._count = 0
-        self._sum = 0.0
 
     def collect(self) -> Iterator[Metric]:
         stats = self.broker.journal.stats()
-        for seconds in stats.commit_seconds:  # the commits since the last scrape
-            self._buckets[bisect_left(COMMIT_BUCKETS, seconds)] += 1
-            self._count += 1
-            self._sum += seconds
         histogram = HistogramMetricFamily(
             "gateway_store_commit_seconds",
             "Store commits (writes to the durable store's log): seconds each",
         )
         cumulative = []
         total = 0
-        for bound, n in zip((*COMMIT_BUCKETS, None), self._buckets, strict=True):
+        for bound, n in zip((*COMMIT_BUCKETS, None), stats.commit_buckets, strict=True):
             total += n
             cumulative.append(("+Inf" if bound is None else repr(bound), total))
-        histogram.add_metric([], cumulative, self._sum)
+        histogram.add_metric([], cumulative, stats.commit_sum)
         yield histogram
         yield CounterMetricFamily(
             "gateway_store_fsyncs", "fsync calls made by the store", value=stats.fsyncs

@@ -64,11 +64,22 @@ class StoredState:
     last_id: int = 0  # ids up to this one may have been handed out: start after it
 
 
+# a commit of the durable store is one write to its log: microseconds into the page
+# cache, milliseconds when the disk is busy, seconds on a struggling one
+COMMIT_BUCKETS = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+
 @dataclass
 class StoreStats:
     """Figures for /metrics (all zero for a store that keeps nothing on disk)."""
 
-    commit_seconds: list[float] = field(default_factory=list)  # since the last read
+    # commits by duration, counted into COMMIT_BUCKETS as they happen (the last slot:
+    # longer than every bound), and their total seconds: a fixed size, scraped or not
+    commit_buckets: list[int] = field(default_factory=lambda: [0] * (len(COMMIT_BUCKETS) + 1))
+    commit_sum: float = 0.0
     commits: int = 0
     fsyncs: int = 0
     write_errors: int = 0

@@ -28,6 +28,7 @@ import logging
 import os
 import sqlite3
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +40,7 @@ from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_segments as segs
 from gateway.stores import sqlite_sql as sql
 from gateway.stores.base import (
+    COMMIT_BUCKETS,
     Delivery,
     GroupRecorder,
     Key,
@@ -369,8 +371,11 @@ class SQLiteStore(Store):
         self._fsyncs.wrote(position)
         if self._unapplied.wrote(ops, frame, position):
             self._apply_wake.set()
-        self._stats.commit_seconds.append(time.perf_counter() - started)
-        self._stats.commits += 1
+        seconds = time.perf_counter() - started
+        stats = self._stats
+        stats.commit_buckets[bisect_left(COMMIT_BUCKETS, seconds)] += 1
+        stats.commit_sum += seconds
+        stats.commits += 1
         if self._log_failed is not None:
             log.warning("store %s: writes succeed again", self.path)
             self._log_failed = None
@@ -570,13 +575,6 @@ class SQLiteStore(Store):
     def stats(self) -> StoreStats:
         stats = self._stats
         stats.fsyncs = self._fsyncs.count
-        self._stats = StoreStats(
-            commits=stats.commits,
-            fsyncs=stats.fsyncs,
-            write_errors=stats.write_errors,
-            disk_bytes=stats.disk_bytes,
-            messages_on_disk=stats.messages_on_disk,
-        )
         return stats
 
     async def close(self) -> None:
