@@ -83,7 +83,7 @@ def test_the_server_codec_reads_the_commands_as_sent() -> None:
     assert events == [
         ev.Sub("t", "c"),
         ev.Rdy(30),
-        ev.FinBatch([b"0123456789abcdef"]),
+        ev.FinBatch((0x0123456789ABCDEF,)),
         ev.Req(b"0123456789abcdef", 1500),
         ev.Nop(),
         ev.MpubStart("t"),

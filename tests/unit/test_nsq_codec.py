@@ -133,12 +133,12 @@ TRANSCRIPTS: list[tuple[bytes, State, list[ev.Event]]] = [
     (b"IDENTIFY\n", State.SUBSCRIBED, [err(b"E_INVALID cannot IDENTIFY in current state")]),
     (b"FIN abc\n", State.SUBSCRIBED, [err(b"E_INVALID invalid message ID")]),
     (b"FIN\n", State.SUBSCRIBED, [err(b"E_INVALID FIN insufficient number of params")]),
-    (b"FIN 0000000000000000\n", State.SUBSCRIBED, [ev.FinBatch([b"0000000000000000"])]),
+    (b"FIN 0000000000000000\n", State.SUBSCRIBED, [ev.FinBatch((0,))]),
     (
         b"FIN 0000000000000001\nFIN 0000000000000002\nFIN 00000000 0000002\n",
         State.SUBSCRIBED,
         [
-            ev.FinBatch([b"0000000000000001", b"0000000000000002"]),
+            ev.FinBatch((1, 2)),
             err(b"E_INVALID invalid message ID"),
         ],
     ),
@@ -149,9 +149,9 @@ TRANSCRIPTS: list[tuple[bytes, State, list[ev.Event]]] = [
         b"FIN 0000000000000001\nFIN 00000000000000AB\nFIN 0000000000000002\n",
         State.SUBSCRIBED,
         [
-            ev.FinBatch([b"0000000000000001"]),
+            ev.FinBatch((1,)),
             ev.Fin(b"00000000000000AB"),
-            ev.FinBatch([b"0000000000000002"]),
+            ev.FinBatch((2,)),
         ],
     ),
     (

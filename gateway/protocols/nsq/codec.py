@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import struct
+from binascii import unhexlify
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -50,7 +51,6 @@ _INIT, _SUBSCRIBED, _CLOSING, _CLOSED = State.INIT, State.SUBSCRIBED, State.CLOS
 # the session reads them as numbers with no further check. Any other FIN is a command of
 # its own, answered E_FIN_FAILED if its id is not one of ours.
 _FIN_RUN = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
-_FIN_LINE = 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +238,12 @@ class NSQServerCodec:
         if buf[pos] == 70 and self.state is not _INIT and not self.tls_required:
             run = _FIN_RUN.match(buf, pos)
             if run is not None:
-                lines = bytes(buf[pos : run.end()])
-                self._pos = run.end()
-                return ev.FinBatch([lines[i + 4 : i + 20] for i in range(0, len(lines), _FIN_LINE)])
+                end = run.end()
+                self._pos = end
+                # the ids' digits end to end, then 8 bytes each: two replaces, one unhexlify
+                # and one unpack in C for the whole run, not a slice and an int() per line
+                digits = bytes(buf[pos:end]).replace(b"FIN ", b"").replace(b"\n", b"")
+                return ev.FinBatch(struct.unpack(f">{len(digits) >> 4}Q", unhexlify(digits)))
         end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl  # one \r before \n is dropped
         parts = bytes(buf[pos:end]).split(b" ")
         self._pos = nl + 1

@@ -40,9 +40,15 @@ class Fin:
 
 @dataclass(slots=True)
 class FinBatch:
-    """Consecutive FINs, parsed in one go: a consumer sends one per message."""
+    """Consecutive FINs of well-formed ids (16 lowercase hex digits), parsed in one go: a
+    consumer sends one per message."""
 
-    msg_ids: list[bytes]
+    ids: tuple[int, ...]
+
+    @property
+    def msg_ids(self) -> list[bytes]:
+        """The ids as the client sent them."""
+        return [b"%016x" % i for i in self.ids]
 
 
 @dataclass(slots=True)

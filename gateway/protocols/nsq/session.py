@@ -25,6 +25,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import trio
@@ -262,12 +263,10 @@ class NSQSession:
                 got_command = True
                 cls = event.__class__
                 if cls is ev.FinBatch:
-                    ids = event.msg_ids  # type: ignore[union-attr]
-                    # well formed by the codec (FinBatch): numbers without a check each
-                    self._fins(ids, [int(raw, 16) for raw in ids])
+                    self._fins(event.ids)  # type: ignore[union-attr]
                 elif cls is ev.Fin:
                     raw = event.msg_id  # type: ignore[union-attr]
-                    self._fins([raw], [_parse_id(raw)])
+                    self._fins((_parse_id(raw),), raw)
                 elif cls is ev.Pub:
                     if self._auth_on:  # no coroutine per publish when auth is off
                         await self._check_auth("PUB", event.topic, "")  # type: ignore[union-attr]
@@ -557,15 +556,17 @@ class NSQSession:
         else:
             self.conn.out.append(OK_FRAME)
 
-    def _fins(self, msg_ids: list[bytes], parsed: list[int | None]) -> None:
-        """FINs of `msg_ids` (as sent), `parsed` the ids they name (None: not one)."""
+    def _fins(self, ids: Sequence[int | None], raw: bytes = b"") -> None:
+        """FINs of `ids`; None: one that names no id of ours (`raw`: as the client sent
+        it, the one id of a lone FIN; a batch's are well formed, so written back)."""
         group = self.group
-        consumer = self.consumer
         assert group is not None
-        refused = group.finish_many(consumer, parsed)
+        refused = group.finish_many(self.consumer, ids)
         for k, outcome in refused:
-            self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", msg_ids[k], outcome))
-        self.finish_count += len(msg_ids) - len(refused)
+            i = ids[k]
+            sent = raw if i is None else b"%016x" % i
+            self.conn.out.append(self._refused(b"E_FIN_FAILED FIN", sent, outcome))
+        self.finish_count += len(ids) - len(refused)
 
     def _req(self, event: ev.Req) -> None:
         msg_id = _parse_id(event.msg_id)
