@@ -102,14 +102,14 @@ async def publish_batch(n: int) -> float:
 
 
 async def deliver_ack(n: int, *, batched: bool = False) -> float:
-    """`batched`: a batch's FINs with pump=False, then one refill (the NSQ session's way);
-    otherwise each FIN refills the window by one."""
+    """`batched`: a batch's FINs finished together (`finish_many`), then one refill (the
+    NSQ session's way); otherwise each FIN refills the window by one."""
     b = await fresh()
     g = b.group("t", "g")
     b.publish("t", [BODY] * n)
     sink = Sink()
     consumer = g.attach(sink, 60)
-    finish, pump = g.finish, g.pump
+    finish, finish_many, pump = g.finish, g.finish_many, g.pump
 
     def run() -> None:
         consumer.set_ready(1000)
@@ -117,8 +117,7 @@ async def deliver_ack(n: int, *, batched: bool = False) -> float:
         while done < n:
             got, sink.got = sink.got, []
             if batched:
-                for m in got:
-                    finish(consumer, m.id, pump=False)
+                finish_many(consumer, [m.id for m in got])
                 pump()
             else:
                 for m in got:

@@ -256,32 +256,13 @@ class Group:
         return entry
 
     def finish(self, consumer: Consumer | None, msg_id: int, *, pump: bool = True) -> Outcome:
-        """Acknowledge (NSQ FIN, beanstalkd delete of a reserved job).
+        """Acknowledge (NSQ FIN, beanstalkd delete of a reserved job): `finish_many` of one.
 
         `pump=False` leaves the freed slot unfilled until `pump()`: a session applying a
         batch of acknowledgements refills the window once, not once per message."""
-        # The hot path of every consumer: _owned, _finish and _release_slot in one.
-        entry = self.in_flight.pop(msg_id, None)
-        if entry is None:
-            return _NOT_IN_FLIGHT
-        c = entry.consumer
-        if consumer is not None and c is not consumer:
-            self.in_flight[msg_id] = entry
-            return _NOT_OWNER
-        c.counts[ACKNOWLEDGED] += 1
-        msg = entry.message
-        samples = c.latency_samples
-        samples.append(time.time_ns() - msg.timestamp)
-        if len(samples) >= FOLD_AT:
-            c.latency.fold()
-        self.recorder.finished(msg)
-        if self.archive is not None:
-            self.archive.record(events.ACKNOWLEDGED, msg, self.name, c.sink)
-        self._deadlines.finished(entry, self.in_flight)
-        c.in_flight -= 1
-        if c.attached and not c.waiting and c.in_flight < c.ready:
-            c.waiting = True
-            self._waiting.append(c)
+        refused = self.finish_many(consumer, (msg_id,))
+        if refused:
+            return refused[0][1]
         if pump:
             self._dispatch()
         return _OK
@@ -289,9 +270,10 @@ class Group:
     def finish_many(
         self, consumer: Consumer | None, msg_ids: Sequence[int | None]
     ) -> list[tuple[int, Outcome]]:
-        """`finish` for a consumer's batch of acknowledgements (NSQ FINs read together;
-        None: an id that could not be read), recorded in the store as one batch, the freed
-        slots left for `pump()`. Returns the refused ones: (position, outcome)."""
+        """Acknowledge a consumer's batch (NSQ FINs read together; None: an id that could
+        not be read), recorded in the store as one batch, the freed slots left for
+        `pump()`. Returns the refused ones: (position, outcome). The hot path of every
+        consumer: _owned, _finish and _release_slot in one."""
         refused: list[tuple[int, Outcome]] = []
         done: list[Message] = []
         in_flight = self.in_flight
@@ -333,7 +315,7 @@ class Group:
         msg = entry.message
         del self.in_flight[msg.id]
         entry.consumer.counts[ACKNOWLEDGED] += 1
-        self.recorder.finished(msg)
+        self.recorder.finished_all((msg,))
         if self.archive is not None:
             self.archive.record(events.ACKNOWLEDGED, msg, self.name, entry.consumer.sink)
         self._release_slot(entry)

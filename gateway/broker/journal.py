@@ -120,8 +120,7 @@ class Recorder:
     put: Callable[[Sequence[Message], float], None]
     delivered: Callable[[InFlight], None]
     delivered_all: Callable[[Iterable[InFlight]], None]
-    finished: Callable[[Message], None]
-    # a consumer's batch of acknowledgements (NSQ FINs read together), in their order
+    # acknowledged, in their order (a consumer's batch of NSQ FINs read together, or one)
     finished_all: Callable[[Sequence[Message]], None]
 
     def touched(self, message: Message, deadline: float) -> None:
@@ -277,7 +276,7 @@ class Journal:
     def recorder(self, group: Group) -> Recorder:
         """The group's door for its deliveries and finishes (see Recorder)."""
         rec = self.store.recorder(group.topic.name, group.name)
-        return Recorder(rec.put, rec.delivered, rec.delivered_all, rec.finished, rec.finished_all)
+        return Recorder(rec.put, rec.delivered, rec.delivered_all, rec.finished_all)
 
     def removed(self, topic: Topic, group: Group | None, messages: Iterable[Message]) -> None:
         self.store.remove(topic.name, None if group is None else group.name, messages)
@@ -330,32 +329,23 @@ class Journal:
 class _ClaimRecorder(Recorder):
     """A shared store's: a delivery keeps this gateway's claim until its deadline."""
 
-    __slots__ = (
-        *("_finished", "_finished_many", "_group", "_of", "_owed", "_put", "_store"),
-        "_topic",
-    )
+    __slots__ = ("_finished_all", "_group", "_of", "_owed", "_put", "_store", "_topic")
 
     def __init__(self, store: SharedStore, of: Group, owed: Owed) -> None:
         topic, group = of.topic.name, of.name
         self._store, self._topic, self._group, self._owed = store, topic, group, owed
         self._of = of  # its queue, made after this, knows the leases of its claims
         rec = store.recorder(topic, group)
-        self._put, self._finished, self._finished_many = rec.put, rec.finished, rec.finished_all
-        super().__init__(
-            self._put_owed, self._delivered, self._delivered_all, self._finish, self._finish_all
-        )
+        self._put, self._finished_all = rec.put, rec.finished_all
+        super().__init__(self._put_owed, self._delivered, self._delivered_all, self._finish_all)
 
     def _put_owed(self, messages: Sequence[Message], due: float) -> None:
         self._owed.count += 1
         self._put(messages, due)
 
-    def _finish(self, message: Message) -> None:
-        self._owed.count += 1
-        self._finished(message)
-
     def _finish_all(self, messages: Sequence[Message]) -> None:
         self._owed.count += len(messages)
-        self._finished_many(messages)
+        self._finished_all(messages)
 
     def _delivered(self, entry: InFlight) -> None:
         self._delivered_all((entry,))
@@ -488,6 +478,6 @@ def _nothing(*args: object, **kwargs: object) -> None:
 for _call in ("put", "ids_used", *_CHANGES):
     setattr(_NullJournal, _call, _nothing)
 
-_NULL_RECORDER = Recorder(_nothing, _nothing, _nothing, _nothing, _nothing)
+_NULL_RECORDER = Recorder(_nothing, _nothing, _nothing, _nothing)
 
 NULL_JOURNAL: Journal = _NullJournal()

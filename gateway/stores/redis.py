@@ -87,8 +87,8 @@ _URGENCY = attrgetter("priority", "id")
 
 
 class _Recorder(GroupRecorder):
-    """A group's recorder with its topic's key made once: a finish, the one call made for
-    every message a consumer acknowledges, is an append to the pending remove."""
+    """A group's recorder with its topic's key made once: finishes, the one call made for
+    every message a consumer acknowledges, are appended to the pending remove."""
 
     __slots__ = ("_key",)
 
@@ -98,31 +98,10 @@ class _Recorder(GroupRecorder):
         super().__init__(store, topic, group)
         self._key = topic_key(topic)
 
-    def finished(self, message: Message) -> None:
-        # `_record_at`'s merge, inline for the one case that runs for every message a
-        # consumer finishes: its id added to the group's pending remove
-        store = self.store
-        pending = store._pending
-        if pending:
-            fn, key, args = pending[-1]
-            if (
-                fn == "gw_remove"
-                and key == self._key
-                and args[0] == self.group
-                and not args[1]
-                and len(args) < _MERGE_MAX
-            ):
-                args.append(message.id)
-                store._recorded += 1
-                if not store._woken:
-                    store._woken = True
-                    store._wake.set()
-                return
-        store._record_at("gw_remove", self._key, [self.group, "", message.id])
-
     def finished_all(self, messages: Sequence[Message]) -> None:
-        """`finished` for a consumer's batch of FINs: their ids added to the group's
-        pending remove at once (a remove holds at most _MERGE_MAX arguments)."""
+        """A consumer's batch of FINs (or one): their ids added to the group's pending
+        remove at once (`_record_at`'s merge, inline for the hot path; a remove holds at
+        most _MERGE_MAX arguments)."""
         store = self.store
         key, group = self._key, self.group
         ids = [m.id for m in messages]

@@ -225,7 +225,7 @@ class SQLiteStore(Store):
 
     def _removed(self, gid: int, keys: list[tuple[int, int]]) -> None:
         # a run of finishes in one group between other records is one record, and its
-        # consecutive ids one run (see _Recorder.finished)
+        # consecutive ids one run (a consumer finishes in about the order of delivery)
         ops = self._ops
         if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
             runs = last[2]
@@ -659,39 +659,7 @@ class _Recorder(GroupRecorder):
         if (gid := self._gid or self._bound()) is not None:
             self._sqlite._delivered(gid, deliveries)
 
-    def finished(self, message: Message) -> None:
-        # _removed, inlined: this runs once per FIN. A consumer finishes in about the
-        # order of delivery, so the next id usually extends the record's last run.
-        if (gid := self._gid or self._bound()) is not None:
-            store = self._sqlite
-            ops = store._ops
-            i = message.id
-            if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
-                runs = last[2]
-                if runs[-1] == i - 1 and runs[-3] == message.priority:
-                    runs[-1] = i
-                else:
-                    runs += (message.priority, i, i)
-            else:
-                store._record(("E", gid, [message.priority, i, i]))
-
     def finished_all(self, messages: Sequence[Message]) -> None:
-        """`finished` for a consumer's batch of FINs, with one look-up of the record
-        they extend."""
-        if not messages or (gid := self._gid or self._bound()) is None:
-            return
-        store = self._sqlite
-        ops = store._ops
-        if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
-            runs = last[2]
-        else:
-            first = messages[0]
-            runs = [first.priority, first.id, first.id]
-            store._record(("E", gid, runs))
-            messages = messages[1:]
-        for m in messages:
-            i = m.id
-            if runs[-1] == i - 1 and runs[-3] == m.priority:
-                runs[-1] = i
-            else:
-                runs += (m.priority, i, i)
+        """A consumer's batch of FINs (or one): one finish record, extended."""
+        if (gid := self._gid or self._bound()) is not None:
+            self._sqlite._removed(gid, [(m.priority, m.id) for m in messages])

@@ -15,7 +15,7 @@ from gateway.archive.read import read_archive
 from gateway.archive.writer import Archive
 from gateway.broker import Broker
 from gateway.broker.claims import Claims
-from gateway.broker.group import Consumer
+from gateway.broker.group import Consumer, Group
 from gateway.model import Message
 from gateway.stores import open_store
 from tests.redis_server import RedisServer
@@ -322,22 +322,28 @@ async def test_finishing_every_other_message_of_a_claim_costs_one_bitmap_write(
         assert cli("EXISTS", "gw:{t}:c:c", "gw:{t}:m", "gw:{t}:x").strip() == "0"
 
 
+async def all_held(a: Broker, n: int) -> tuple[Group, Consumer, Finisher]:
+    """`n` messages published on topic t in thousands, all delivered to one consumer of
+    group c that holds them."""
+    g = a.group("t", "c")
+    holder = Finisher(hold=True)
+    c = g.attach(holder, 600)
+    for i in range(0, n, 1000):
+        a.publish("t", [b"%d" % j for j in range(i, i + 1000)])
+    await a.flush()
+    c.set_ready(n)
+    await until(lambda: len(holder.got) == n)
+    return g, c, holder
+
+
 async def test_a_batch_of_thousands_of_finishes_is_one_write_that_succeeds(
     redis_url: str, tmp_path: Path
 ) -> None:
     """Finishes of one group recorded together are merged into one call (a consumer's
     batch, or what waited while Redis was away): past the number of values a Lua call
     can unpack at once, it must still apply, not fail again on every retry."""
-    n = 9000
     async with gateway(redis_url, tmp_path) as a:
-        g = a.group("t", "c")
-        holder = Finisher(hold=True)
-        c = g.attach(holder, 600)
-        for i in range(0, n, 1000):
-            a.publish("t", [b"%d" % j for j in range(i, i + 1000)])
-        await a.flush()
-        c.set_ready(n)
-        await until(lambda: len(holder.got) == n)
+        g, c, holder = await all_held(a, 9000)
         for m in holder.got:
             g.finish(c, m.id, pump=False)
         with trio.fail_after(10):
@@ -351,16 +357,8 @@ async def test_a_batch_of_finishes_past_one_calls_size_is_split_and_applied(
 ) -> None:
     """A consumer's batch of FINs goes into the group's pending remove at once
     (`finish_many`); past what one call may carry it is split, and every part applies."""
-    n = 9000
     async with gateway(redis_url, tmp_path) as a:
-        g = a.group("t", "c")
-        holder = Finisher(hold=True)
-        c = g.attach(holder, 600)
-        for i in range(0, n, 1000):
-            a.publish("t", [b"%d" % j for j in range(i, i + 1000)])
-        await a.flush()
-        c.set_ready(n)
-        await until(lambda: len(holder.got) == n)
+        g, c, holder = await all_held(a, 9000)
         await a.flush()
         before = command_calls(redis_server, "fcall")
         # every other one first (no runs), then the rest
