@@ -6,6 +6,8 @@ order, if that failed (`give_back`)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from operator import itemgetter
 from typing import Any
 
 import trio
@@ -23,6 +25,7 @@ APPLY_AGE = 0.5
 
 # a frame's end, size, record count and when it was written
 _End = tuple[Position, int, int, float]
+_END_POSITION = itemgetter(0)
 # frames taken for one transaction, and each one's _End
 Taken = tuple[list[Written], list[_End]]
 
@@ -78,10 +81,7 @@ class Tail:
         ends = self._ends
         cut = len(ends)
         if upto is not None and self.position > upto:
-            cut = 0
-            while cut < len(ends) and ends[cut][0] <= upto:
-                cut += 1
-            cut = cut or len(ends)
+            cut = bisect_right(ends, upto, key=_END_POSITION) or cut
         taken = (self.frames[:cut], ends[:cut])
         del self.frames[:cut]
         del ends[:cut]
