@@ -91,7 +91,7 @@ def _nsq(chunks: Sequence[bytes], variant: int, out: list[object]) -> None:
             _count(out, fed)
             if event.__class__ is qev.FinBatch:
                 # one FIN per line: how many lines a batch holds depends on the chunks
-                out.extend(qev.Fin(msg_id) for msg_id in event.msg_ids)  # type: ignore[union-attr]
+                out.extend(qev.Fin(b"%016x" % i) for i in event.ids)  # type: ignore[union-attr]
                 continue
             out.append(event)
             if event.__class__ is qev.Identify:

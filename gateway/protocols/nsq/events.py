@@ -43,12 +43,7 @@ class FinBatch:
     """Consecutive FINs of well-formed ids (16 lowercase hex digits), parsed in one go: a
     consumer sends one per message."""
 
-    ids: tuple[int, ...]
-
-    @property
-    def msg_ids(self) -> list[bytes]:
-        """The ids as the client sent them."""
-        return [b"%016x" % i for i in self.ids]
+    ids: tuple[int, ...]  # as the client sent them: b"%016x" % id
 
 
 @dataclass(slots=True)
