@@ -59,7 +59,7 @@ from gateway.stores.sqlite_open import (
     recover,
     replay_into,
 )
-from gateway.stores.sqlite_runs import BURIED, READY
+from gateway.stores.sqlite_runs import BURIED, READY, add_deliveries, add_finishes
 from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
 
@@ -221,32 +221,30 @@ class SQLiteStore(Store):
             return
         gid = t.backlog if group is None else t.groups.get(group)
         if gid is not None:
-            self._removed(gid, [(m.priority, m.id) for m in messages])
+            self._removed(gid, messages if isinstance(messages, Sequence) else list(messages))
 
-    def _removed(self, gid: int, keys: list[tuple[int, int]]) -> None:
+    def _removed(self, gid: int, messages: Sequence[Message]) -> None:
         # a run of finishes in one group between other records is one record, and its
         # consecutive ids one run (a consumer finishes in about the order of delivery)
         ops = self._ops
         if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
-            runs = last[2]
+            add_finishes(last[2], messages)
         else:
-            runs = []
+            runs: list[int] = []
+            add_finishes(runs, messages)
             self._record(("E", gid, runs))
-        for priority, i in keys:
-            if runs and runs[-1] == i - 1 and runs[-3] == priority:
-                runs[-1] = i
-            else:
-                runs += (priority, i, i)
 
     def _delivered(self, gid: int, deliveries: Iterable[Delivery]) -> None:
-        # ("A", gid, [(priority, id, attempts)]): first deliveries and the like, which
-        # change a message's attempts only; a run of them in one group is one record
-        rows = [(d.message.priority, d.message.id, d.message.attempts) for d in deliveries]
+        # ("AR", gid, [priority, first, last, attempts, ...]): first deliveries and the
+        # like, which change a message's attempts only; a run of them in one group is one
+        # record, a window of consecutive ids one run of it
         ops = self._ops
-        if ops and (last := ops[-1])[0] == "A" and last[1] == gid:
-            last[2].extend(rows)
+        if ops and (last := ops[-1])[0] == "AR" and last[1] == gid:
+            add_deliveries(last[2], deliveries)
         else:
-            self._record(("A", gid, rows))
+            runs: list[int] = []
+            add_deliveries(runs, deliveries)
+            self._record(("AR", gid, runs))
 
     def recorder(self, topic: str, group: str) -> GroupRecorder:
         return _Recorder(self, topic, group)
@@ -662,4 +660,4 @@ class _Recorder(GroupRecorder):
     def finished_all(self, messages: Sequence[Message]) -> None:
         """A consumer's batch of FINs (or one): one finish record, extended."""
         if (gid := self._gid or self._bound()) is not None:
-            self._sqlite._removed(gid, [(m.priority, m.id) for m in messages])
+            self._sqlite._removed(gid, messages)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from pickle import PickleBuffer
@@ -125,8 +125,10 @@ _HOLES = 64  # at most so many ids of other publishes between two that join
 # the pickle: log.py); `locate` turns them into a `Where` once the frame is written.
 # ("U", (priority, attempts, due, state, gid, priority_was, id)); ("E", gid, [priority,
 # first, last, ...]): finishes, as runs of ids, flat (logs written before runs have ("D",
-# gid, [(priority, id)])); ("A", gid, [(priority, id, attempts)]): deliveries, which
-# change attempts only; or a structural one (see `_structural`).
+# gid, [(priority, id)])); ("AR", gid, [priority, first, last, attempts, ...]): deliveries,
+# which change attempts only, as runs of ids delivered with the same attempts (logs written
+# before runs have ("A", gid, [(priority, id, attempts)])); or a structural one (see
+# `_structural`).
 Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
@@ -189,7 +191,7 @@ def apply(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> int:
     return delta
 
 
-_RUN_KINDS = frozenset(("P", "U", "D", "E", "A"))
+_RUN_KINDS = frozenset(("P", "U", "D", "E", "A", "AR"))
 
 
 def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> int:
@@ -211,32 +213,76 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
                     f += (p, i, i)
     # a delivery of a message finished in the same run changes nothing the index keeps:
     # in a queue drained as it is read, that is nearly every delivery
-    done: dict[int, set[int]] = {}
+    done: dict[int, _Spans] = {}
     for op in ops:
         kind = op[0]
         if kind == "P":
             puts.append(op)
         elif kind == "U":
             updates.append(op[1])
-        elif kind == "A":
+        elif kind == "AR":
+            gid, flat = op[1], op[2]
+            f = fins.get(gid)
+            spans = None
+            if f:
+                spans = done.get(gid)
+                if spans is None:
+                    spans = done[gid] = _Spans(f)
+            for k in range(0, len(flat), 4):
+                p, first, last, a = flat[k : k + 4]
+                ids = spans.outside(first, last) if spans else range(first, last + 1)
+                updates += [(p, a, 0.0, READY, gid, p, i) for i in ids]
+        elif kind == "A":  # a log written before runs
             gid = op[1]
             f = fins.get(gid)
             if f:
-                ids = done.get(gid)
-                if ids is None:
-                    ids = done[gid] = _ids(f)
-                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in ids]
+                spans = done.get(gid)
+                if spans is None:
+                    spans = done[gid] = _Spans(f)
+                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in spans]
             else:
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
     return _run(db, puts, updates, fins, done, fence)
 
 
-def _ids(flat: list[int]) -> set[int]:
-    """The ids of finishes as runs (flat: priority, first, last, ...)."""
-    ids: set[int] = set()
-    for k in range(0, len(flat), 3):
-        ids.update(range(flat[k + 1], flat[k + 2] + 1))
-    return ids
+class _Spans:
+    """The ids of finishes (flat runs: priority, first, last, ...) as sorted disjoint
+    spans: whether an id is among them, and which ids of a span they leave out, found by
+    bisection rather than a set of every id (a page of FINs is a run or a few, its
+    deliveries a run)."""
+
+    __slots__ = ("firsts", "lasts")
+
+    def __init__(self, flat: list[int]) -> None:
+        self.firsts: list[int] = []
+        self.lasts: list[int] = []
+        for first, last in sorted(zip(flat[1::3], flat[2::3], strict=True)):
+            if self.lasts and first <= self.lasts[-1] + 1:
+                self.lasts[-1] = max(self.lasts[-1], last)
+            else:
+                self.firsts.append(first)
+                self.lasts.append(last)
+
+    def __contains__(self, i: int) -> bool:
+        k = bisect_right(self.firsts, i) - 1
+        return k >= 0 and i <= self.lasts[k]
+
+    def outside(self, first: int, last: int) -> list[int]:
+        """The ids from `first` to `last` in no span."""
+        firsts, lasts = self.firsts, self.lasts
+        out: list[int] = []
+        k = max(bisect_right(firsts, first) - 1, 0)
+        i = first
+        while i <= last:
+            while k < len(firsts) and lasts[k] < i:
+                k += 1
+            if k == len(firsts) or firsts[k] > last:
+                out += range(i, last + 1)
+                break
+            if firsts[k] > i:
+                out += range(i, firsts[k])
+            i = lasts[k] + 1
+        return out
 
 
 class _ByGroup:
@@ -276,7 +322,7 @@ def _run(
     puts: list[Op],
     updates: list[_Update],
     fins: dict[int, list[int]],
-    done: dict[int, set[int]],
+    done: dict[int, _Spans],
     fence: tuple[int, int],
 ) -> int:
     # one change per message: the last one's fields, and the priority the index has it
@@ -293,7 +339,7 @@ def _run(
         for gid, i in [key for key in latest if key[0] in fins]:
             ids = done.get(gid)
             if ids is None:
-                ids = done[gid] = _ids(fins[gid])
+                ids = done[gid] = _Spans(fins[gid])
             if i in ids:
                 fins[gid] += (latest.pop((gid, i))[5], i, i)
     written = 0

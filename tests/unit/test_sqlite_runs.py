@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.model import Message, Publish
 from gateway.stores import SQLiteStore
+from gateway.stores.sqlite_sql import _Spans
 
 
 def publish(first: int, n: int) -> Publish:
@@ -172,11 +174,21 @@ index_ops = st.lists(
         ),
         st.tuples(st.just("priority"), st.integers(0, 99)),
         st.tuples(st.just("apply"), st.just(0)),
+        # a batch through the group's recorder (a consumer's window, its page of FINs):
+        # `arg` picks the first and how many, the ids in order or reversed
+        st.tuples(st.sampled_from(["deliver_all", "finish_all"]), st.integers(0, 999)),
     ),
     max_size=24,
 )
 
 Fields = tuple[int, int, float, bool]  # priority, attempts, due, buried
+
+
+@dataclass
+class Sent:
+    """A delivery as the broker hands it to a store (its InFlight entry)."""
+
+    message: Message
 
 
 @settings(max_examples=200, deadline=None)
@@ -207,6 +219,23 @@ def test_any_sequence_of_changes_reads_back_as_the_queue_it_made(
             if not live:
                 continue
             ids = sorted(live)
+            if op in ("deliver_all", "finish_all"):
+                start, many = arg % len(ids), 1 + arg // 10 % 5
+                batch = [live[i] for i in ids[start : start + many]]
+                if arg % 2:
+                    batch.reverse()
+                recorder = store.recorder("t", "g")
+                if op == "finish_all":
+                    recorder.finished_all(batch)
+                    for m in batch:
+                        del live[m.id], model[m.id]
+                    continue
+                for m in batch:  # a delivery makes the message ready as far as the store knows
+                    priority, attempts, due, buried = model[m.id]
+                    m.attempts = attempts + 1
+                    model[m.id] = (priority, m.attempts, 0.0, False)
+                recorder.delivered_all([Sent(m) for m in batch])
+                continue
             m = live[ids[arg % len(ids)]]
             priority, attempts, due, buried = model[m.id]
             if op == "finish":
@@ -242,3 +271,21 @@ def test_any_sequence_of_changes_reads_back_as_the_queue_it_made(
 
     with tempfile.TemporaryDirectory() as d:
         trio.run(run, Path(d) / "gateway.db")
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 60), st.integers(0, 6)), max_size=8),
+    st.integers(1, 70),
+    st.integers(0, 20),
+)
+def test_finished_spans_are_the_ids_of_their_runs(
+    runs: list[tuple[int, int, int]], first: int, length: int
+) -> None:
+    """The index sees which deliveries were finished in the same pass through the
+    finishes' runs, merged into spans: the same answer as a set of every id."""
+    flat = [v for p, a, n in runs for v in (p, a, a + n)]
+    ids = {i for _p, a, n in runs for i in range(a, a + n + 1)}
+    spans = _Spans(flat)
+    assert [i for i in range(80) if i in spans] == sorted(ids)
+    last = first + length
+    assert spans.outside(first, last) == [i for i in range(first, last + 1) if i not in ids]

@@ -315,7 +315,8 @@ async def test_a_body_that_fails_its_crc_is_an_error_not_a_wrong_message(tmp_pat
 
 async def test_a_log_written_before_bodies_stayed_in_it_is_replayed(tmp_path: Path) -> None:
     """An earlier gateway's log: bodies inside the pickle, finishes as (priority, id)
-    pairs. A restart replays it into the index, which then holds those bodies itself."""
+    pairs, deliveries as (priority, id, attempts). A restart replays it into the index,
+    which then holds those bodies itself."""
     path = tmp_path / "gateway.db"
     log = Log(path.parent / "gateway.db-log", 1)
     bodies = [b"one", b"two", b"three"]
@@ -329,6 +330,7 @@ async def test_a_log_written_before_bodies_stayed_in_it_is_replayed(tmp_path: Pa
                 ("R", 100),
                 ("P", (2,), 1, 3, 0.0, 0, 0, None, batch),
                 ("D", 2, [(0, 2)]),
+                ("A", 2, [(0, 3, 1)]),
             ]
         )
     )
@@ -336,7 +338,7 @@ async def test_a_log_written_before_bodies_stayed_in_it_is_replayed(tmp_path: Pa
     store = SQLiteStore(path)
     state = await store.open()
     ready = state.topics["t"].groups["g"].ready
-    assert [(m.id, m.body) for m in ready] == [(1, b"one"), (3, b"three")]
+    assert [(m.id, m.body, m.attempts) for m in ready] == [(1, b"one", 0), (3, b"three", 1)]
     assert await batch_rows(store) == [(1, 3, False)]
     await store.close()
     assert segments(path.parent / "gateway.db-log") == []  # the index holds those bodies
