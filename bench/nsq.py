@@ -14,7 +14,9 @@ The reference is real nsqd 1.3.0 on this 2-vCPU machine (bench/README.md, "Ancho
 No package registry ships nsqd (bench/README.md, "Real servers", says how to build it), so by
 default the anchor figures are printed next to the gateway's, labelled as not measured in
 this run. With ``--nsqd ADDR``
-(a running nsqd) the same workloads also run against it, and the ratio is a measured one.
+(a running nsqd), or ``--nsqd-bin PATH`` (an nsqd binary this script starts pinned like the
+gateway, with ``--nsqd-args``), the same workloads also run against it, and the ratio is a
+measured one.
 
 The script starts the gateway itself (``python -m gateway serve --nsq 127.0.0.1:0 --http off
 --store memory://`` from the repository root, pinned as ``--pin`` says) unless ``--addr`` is
@@ -24,6 +26,8 @@ given, and stops it at the end. All traffic stays on loopback.
     .venv/bin/python bench/nsq.py -n 20000 --only pub,sub  # quick look
     .venv/bin/python bench/nsq.py --pin same               # server and client on CPU 0
     .venv/bin/python bench/nsq.py --nsqd 127.0.0.1:4150    # side by side with a real nsqd
+    .venv/bin/python bench/nsq.py --nsqd-bin ~/peers/nsq-bin/nsqd --nsqd-args=--mem-queue-size=0 \
+        --gateway-args "--store sqlite:///tmp/gw-bench/gateway.db"   # both durable
     .venv/bin/python bench/nsq.py --addr 127.0.0.1:4150    # an already running gateway
 """
 
@@ -47,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     Address,
     GatewayProcess,
+    Nsqd,
     Placement,
     Watchdog,
     connect,
@@ -790,6 +795,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--addr", help="HOST:PORT of a running gateway (do not start one)")
     ap.add_argument("--nsqd", help="HOST:PORT of a running nsqd: measure it in the same run")
     ap.add_argument(
+        "--nsqd-bin",
+        help="an nsqd binary to start here, pinned like the gateway, on free ports with a fresh\n"
+        "data directory, and measure in the same run (bench/README.md, Real servers)",
+    )
+    ap.add_argument(
+        "--nsqd-args",
+        default="",
+        help="extra arguments for --nsqd-bin, e.g. --mem-queue-size=0 (every message through\n"
+        "its disk queue)",
+    )
+    ap.add_argument(
         "--pin",
         choices=("none", "same", "split"),
         default="split",
@@ -831,15 +847,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.nsqd = parse_addr(a.nsqd) if a.nsqd else None
     except ValueError as exc:
         ap.error(str(exc))
+    if a.nsqd and a.nsqd_bin:
+        ap.error("--nsqd and --nsqd-bin: one nsqd at a time")
     return a
 
 
-def describe_placement(placement: Placement, targets: list[Target], started: bool) -> str:
+def describe_placement(
+    placement: Placement, targets: list[Target], started: bool, nsqd_started: bool = False
+) -> str:
     """The placement asked for, plus the CPUs of any server this script did not start
     (its placement is whatever it was started with: use taskset -c 0 for split/same)."""
     text = placement.describe()
     for t in targets:
-        if t.name == "gateway" and started:
+        if (t.name == "gateway" and started) or (t.name == "nsqd" and nsqd_started):
             continue
         try:
             if t.pid is None:
@@ -874,8 +894,20 @@ def main(argv: list[str] | None = None) -> int:
         targets.append(Target("gateway", addresses["nsq"], gateway.proc.pid))
     else:
         targets.append(Target("gateway", a.addr, pid_listening_on(a.addr[1])))
+    nsqd: Nsqd | None = None
+    if a.nsqd_bin:
+        nsqd = Nsqd(a.nsqd_bin, placement, shlex.split(a.nsqd_args))
+        try:
+            a.nsqd = nsqd.start()
+        except (OSError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            if gateway is not None:
+                gateway.stop()
+            return 2
+        print(f"started: {nsqd.version()} {' '.join(nsqd.extra)}", flush=True)
     if a.nsqd is not None:
-        targets.append(Target("nsqd", a.nsqd, pid_listening_on(a.nsqd[1])))
+        pid = nsqd.pid if nsqd is not None else pid_listening_on(a.nsqd[1])
+        targets.append(Target("nsqd", a.nsqd, pid))
     placement.apply_to_client()
 
     results: list[Result] = []
@@ -883,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"# {time.strftime('%Y-%m-%dT%H:%M:%S')} python {sys.version.split()[0]}")
         print(f"# {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-        print("# " + describe_placement(placement, targets, gateway is not None))
+        print("# " + describe_placement(placement, targets, gateway is not None, nsqd is not None))
         for t in targets:
             print(f"# {t.name} at {format_addr(t.addr)} (pid {t.pid or 'unknown'})")
         print(
@@ -908,6 +940,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         aborted = True
     finally:
+        if nsqd is not None:
+            nsqd.stop()
         if gateway is not None:
             code = gateway.stop()
             if code not in (0, -15, None):
@@ -928,7 +962,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in r.details:
             if "round trip" in line or "publish-to-receive" in line:
                 print(f"latency {r.workload} @ {r.server}: {line}")
-    print("placement: " + describe_placement(placement, targets, gateway is not None))
+    print(
+        "placement: "
+        + describe_placement(placement, targets, gateway is not None, nsqd is not None)
+    )
     for note in bottleneck_notes(results):
         print("note: " + note)
     return 0 if not aborted and all(r.status == "ok" for r in results) else 1
