@@ -288,8 +288,14 @@ class Journal:
     async def find(self, where: Sequence[tuple[str, Sequence[str]]], msg_id: int) -> Found | None:
         """Message `msg_id` in the first (topic, groups) of `where` a shared store holds it
         in; wall-clock times as the store keeps them (query.py converts). A local store
-        has nothing the broker does not hold."""
+        holds nothing the broker does not know of (what it keeps past a group's memory
+        window, `find_spilled` reads)."""
         return None
+
+    async def find_spilled(self, group: Group, msg_id: int) -> Message | None:
+        """Message `msg_id` if it is ready in `group` on disk, past the memory window (a
+        paging store; see LocalQueue.spilled_message)."""
+        return await _door(self.store.find_ready(group.topic.name, group.name, msg_id))
 
     async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
         return []

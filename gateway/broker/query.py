@@ -33,6 +33,7 @@ import trio
 from gateway.broker.group import Group
 from gateway.broker.journal import from_wall
 from gateway.broker.members import Consumer
+from gateway.broker.queues import LocalQueue
 from gateway.broker.topic import Topic
 from gateway.clients import ClientInfo
 from gateway.model import DEFAULT_PRIORITY, Message
@@ -84,7 +85,9 @@ class Located:
     topic: str
     group: str | None
     left: float
-    stored: bool = False  # found in a shared store (Redis), not in this gateway's memory
+    # found in a store, not in this gateway's memory: a shared one (Redis), or a durable
+    # one past the memory window
+    stored: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +431,12 @@ async def _find(broker: Broker, views: list[View], msg_id: int) -> Located | Non
     found = _locate_any(views, msg_id)
     if found is not None:
         return found
+    for v in views:
+        # a ready message a local durable store keeps on disk past the memory window
+        if isinstance(v, Group) and isinstance(v.queue, LocalQueue) and v.queue.spilled:
+            msg = await v.queue.spilled_message(msg_id)
+            if msg is not None:
+                return Located("ready", msg, v.topic.name, v.name, 0.0, stored=True)
     where = dict(stored for v in views if (stored := _stored(v)) is not None)
     if not where:
         return None

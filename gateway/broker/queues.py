@@ -135,6 +135,9 @@ class LocalQueue(Queue):
         self._paging = False  # a page-in is under way
         self._dropped_min: Key | None = None  # the least key spilled during it
         self._generation = 0  # bumped by emptied(): a page-in that began before is void
+        # ids on disk taken out by id (deleted, reserved) while a page-in was reading:
+        # that read may still find them (the next one reads after their records)
+        self._gone: set[int] = set()
 
     def admit(self, messages: list[Message]) -> list[Message]:
         if self.window and (self.spilled or len(self.group.ready) + len(messages) > self.window):
@@ -212,6 +215,51 @@ class LocalQueue(Queue):
     async def kick(self, bound: int) -> int:
         return self.group.kick(bound)
 
+    # -- one message on disk, by id (beanstalkd peek, stats-job, delete, reserve-job) ------
+
+    async def spilled_message(self, msg_id: int) -> Message | None:
+        """Message `msg_id` if it is ready on disk only, past the window, read from the
+        store: beanstalkd finds every job by its id, however deep its tube. None when it
+        is not there, or a page-in brought it into memory meanwhile (memory answers)."""
+        group = self.group
+        if not self.spilled:
+            return None
+        generation = self._generation
+        try:
+            msg = await group.journal.find_spilled(group, msg_id)
+        except StoreUnavailable as exc:
+            log.error("topic %s group %s: reading job %d failed: %s", group.topic.name,
+                      group.name, msg_id, exc)  # fmt: skip
+            return None
+        if msg is None or generation != self._generation or group.deleted:
+            return None
+        if msg_id in self._gone or msg_id in group.in_flight or group.find(msg_id) is not None:
+            return None
+        return msg
+
+    async def take_stored(self, consumer: Consumer, msg_id: int) -> Message | None:
+        msg = await self.spilled_message(msg_id)
+        if msg is None:
+            return self.group.take_any(consumer, msg_id)  # in memory by now, if anywhere
+        if not consumer.attached:
+            return None
+        self._taken_out(msg_id)
+        return self.group.take_claimed(consumer, msg)
+
+    async def delete_stored(self, msg_id: int) -> bool:
+        msg = await self.spilled_message(msg_id)
+        if msg is None:
+            return self.group.delete(msg_id)  # in memory by now, if anywhere
+        self._taken_out(msg_id)
+        self.group.delete_claimed(msg)
+        return True
+
+    def _taken_out(self, msg_id: int) -> None:
+        """A message on disk only left the spilled ones (deleted, or delivered by id)."""
+        self.spilled = max(self.spilled - 1, 0)
+        if self._paging:
+            self._gone.add(msg_id)
+
     async def page_in(self) -> None:
         """Load the next ready messages kept on disk into the window (the pager task
         calls this when the window runs low)."""
@@ -241,7 +289,8 @@ class LocalQueue(Queue):
         if dropped is not None:
             rows = [m for m in rows if (m.priority, m.id) < dropped]
         in_flight = group.in_flight
-        msgs = [m for m in rows if m.id not in busy and m.id not in in_flight]
+        gone, self._gone = self._gone, set()
+        msgs = [m for m in rows if m.id not in busy and m.id not in in_flight and m.id not in gone]
         if rows:
             last = rows[-1]
             after = (last.priority, last.id + 1)

@@ -168,6 +168,11 @@ class Store(abc.ABC):
         `after`, in that order, at most `limit` (a paging store; others have none)."""
         return []
 
+    async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:
+        """Message `msg_id` if it is ready in the group, as `load` would read it (a paging
+        store's lookup of one message past the memory window; others have none)."""
+        return None
+
     @abc.abstractmethod
     def put(
         self, topic: str, groups: Sequence[str], messages: Sequence[Message], due: float

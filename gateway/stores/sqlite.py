@@ -570,6 +570,16 @@ class SQLiteStore(Store):
         assert db is not None
         return await self._worker.run(read.select_ready, db, self._bodies, topic, gid, after, limit)
 
+    async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:
+        await self.caught_up()  # as in load: the index must see every put and finish
+        t = self._topics.get(topic)
+        gid = t.groups.get(group) if t is not None else None
+        if gid is None:
+            return None
+        db = self._db
+        assert db is not None
+        return await self._worker.run(read.find_ready, db, self._bodies, topic, gid, msg_id)
+
     def stats(self) -> StoreStats:
         stats = self._stats
         stats.fsyncs = self._fsyncs.count

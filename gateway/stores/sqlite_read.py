@@ -154,6 +154,26 @@ def select_ready(
     return out
 
 
+def find_ready(
+    db: sqlite3.Connection, log: Bodies, topic: str, gid: int, msg_id: int
+) -> Message | None:
+    """Message `msg_id` if it is ready in the group and due now, else None: the run that
+    holds its id, whatever its priority (a scan of the group's runs: an operator's lookup
+    by id, not a hot path)."""
+    batches = _Batches(db, log)
+    rows = db.execute(
+        f"SELECT priority, {COLS} FROM runs WHERE grp = ? AND id <= ? AND id + n > ?"
+        " AND state = 0 AND due = 0",
+        (gid, msg_id, msg_id),
+    ).fetchall()
+    for row in rows:
+        out: list[Message] = []
+        _expand(batches, topic, row[0], row[1:], out, msg_id, 1)
+        if out and out[0].id == msg_id:
+            return out[0]
+    return None
+
+
 def count_ready(db: sqlite3.Connection, gid: int) -> int:
     return db.execute(
         "SELECT coalesce(sum(left), 0) FROM runs WHERE grp = ? AND state = 0 AND due = 0", (gid,)

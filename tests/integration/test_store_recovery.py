@@ -153,6 +153,45 @@ async def test_an_id_a_consumer_saw_is_never_handed_out_again(tmp_path: Path) ->
     assert not reused, f"ids handed to two messages: {reused}"
 
 
+async def test_jobs_past_the_memory_window_are_found_by_their_ids(tmp_path: Path) -> None:
+    """beanstalkd finds every job by its id, however deep its tube. A ready job the durable
+    store keeps on disk past the memory window answers peek, stats-job, delete and
+    reserve-job as one in memory does (they answered NOT_FOUND), and the tube then holds
+    each other job exactly once."""
+    async with running_gateway(
+        store=f"sqlite://{tmp_path / 'gateway.db'}",
+        nsq="off",
+        beanstalk="127.0.0.1:0",
+        storage__memory_window=100,
+    ) as gw:
+        bs = await RawBeanstalk.connect(gw)
+        assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"  # the tube's group
+        assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
+        ids = []
+        for i in range(300):
+            reply = await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)
+            ids.append(int(reply.split()[1]))
+        deep, taken, kept = ids[250], ids[260], ids[270]
+        assert await bs.call(b"peek %d\r\n" % deep) == b"FOUND %d 4\r\n0250\r\n" % deep
+        stats = await bs.call(b"stats-job %d\r\n" % kept)
+        assert b"\nstate: ready\n" in stats and b'\ntube: "jobs"\n' in stats, stats
+        assert await bs.call(b"delete %d\r\n" % deep) == b"DELETED\r\n"
+        assert await bs.call(b"peek %d\r\n" % deep) == b"NOT_FOUND\r\n"
+        assert await bs.call(b"delete %d\r\n" % deep) == b"NOT_FOUND\r\n"
+        got = await bs.call(b"reserve-job %d\r\n" % taken)
+        assert got == b"RESERVED %d 4\r\n0260\r\n" % taken
+        assert await bs.call(b"delete %d\r\n" % taken) == b"DELETED\r\n"
+        await bs.send(b"reserve-with-timeout 0\r\n" * 299)
+        bodies = []
+        for _ in range(298):
+            head, body, _ = (await bs.reply()).split(b"\r\n")
+            assert head.startswith(b"RESERVED "), head
+            bodies.append(body)
+        assert await bs.reply() == b"TIMED_OUT\r\n"
+        assert bodies == [b"%04d" % i for i in range(300) if i not in (250, 260)]
+        await bs.aclose()
+
+
 async def test_reserve_with_timeout_0_takes_jobs_past_the_memory_window(tmp_path: Path) -> None:
     """Jobs a durable store keeps on disk past the memory window are ready jobs: a
     `reserve-with-timeout 0` gets them (as from beanstalkd, which keeps every job in
