@@ -55,7 +55,7 @@ class StoreCollector(Collector):
         )
         in_memory = 0
         for topic in query.topics(self.broker):
-            in_memory += topic.backlog
+            in_memory += topic.backlog - topic.spilled
             for group in query.groups(self.broker, topic.name):
                 c = group.counts
                 in_memory += c.ready - c.spilled + c.delayed + c.reserved + c.buried

@@ -124,6 +124,7 @@ class Broker:
             for msg in st.backlog:
                 msg.deliver_at = from_wall(msg.deliver_at)
             topic.backlog = list(st.backlog)
+            topic.window.restored(st.spilled, topic.backlog)
             for sg in st.groups.values():
                 group = topic.groups[sg.name] = Group(
                     topic, sg.name, max_attempts=self.max_attempts

@@ -30,6 +30,7 @@ from gateway.broker.errors import StoreUnavailable
 from gateway.broker.queues import LocalQueue, Pager, Queue
 from gateway.model import Message
 from gateway.stores.base import (
+    MIN_KEY,
     Found,
     GroupCounts,
     Key,
@@ -292,10 +293,15 @@ class Journal:
         window, `find_spilled` reads)."""
         return None
 
-    async def find_spilled(self, group: Group, msg_id: int) -> Message | None:
-        """Message `msg_id` if it is ready in `group` on disk, past the memory window (a
-        paging store; see LocalQueue.spilled_message)."""
-        return await _door(self.store.find_ready(group.topic.name, group.name, msg_id))
+    async def find_spilled(self, topic: str, group: str, msg_id: int) -> Message | None:
+        """Message `msg_id` if it is ready on disk in a group ("": the topic's backlog),
+        past the memory window (a paging store; LocalQueue.spilled_message)."""
+        return await _door(self.store.find_ready(topic, group, msg_id))
+
+    async def load_backlog(self, topic: Topic, limit: int) -> list[Message]:
+        """The first ready messages of a topic's backlog in (priority, id) order, read from
+        a paging store (a peek past an emptied memory window: BacklogWindow)."""
+        return await _door(self.store.load(topic.name, "", MIN_KEY, limit))
 
     async def peek(self, topic: str, group: str, state: str, limit: int) -> list[Found]:
         return []

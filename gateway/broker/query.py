@@ -131,6 +131,7 @@ class TopicView:
     message_bytes: int
     published_by: dict[str, int]  # publisher protocol -> messages
     groups: tuple[str, ...]  # in creation order
+    spilled: int = 0  # of the backlog, kept on disk only past the memory window
 
 
 # -- topics and groups ---------------------------------------------------------------------
@@ -169,6 +170,7 @@ def topic(broker: Broker, name: str) -> TopicView | None:
         t.message_bytes,
         dict(t.published_by),
         tuple(t.groups),
+        t.window.spilled,
     )
 
 
@@ -243,13 +245,14 @@ def counts(view: View, now: float | None = None) -> Counts:
     ready, delayed = _split_backlog(view, now)
     urgent = sum(1 for m in ready if m.priority < URGENT_BELOW)
     stored_delayed = view.stored_backlog_delayed  # a shared store's, as last read
+    spilled = view.window.spilled  # a paging store's, past the memory window
     return Counts(
-        len(ready) + view.stored_backlog - stored_delayed,
+        len(ready) + view.stored_backlog - stored_delayed + spilled,
         len(delayed) + stored_delayed,
         0,
         0,
         urgent,
-        0,
+        spilled,
     )
 
 
@@ -437,6 +440,10 @@ async def _find(broker: Broker, views: list[View], msg_id: int) -> Located | Non
             msg = await v.queue.spilled_message(msg_id)
             if msg is not None:
                 return Located("ready", msg, v.topic.name, v.name, 0.0, stored=True)
+        elif isinstance(v, Topic) and v.window.spilled:
+            msg = await broker.journal.find_spilled(v.name, "", msg_id)
+            if msg is not None and v.window.spilled and not v.groups:
+                return Located("ready", msg, v.name, None, 0.0, stored=True)
     where = dict(stored for v in views if (stored := _stored(v)) is not None)
     if not where:
         return None
@@ -449,7 +456,14 @@ async def first(broker: Broker, view: View, state: State, limit: int) -> list[Me
     they leave it: the peeks and the admin page's lists, shared store included."""
     where = _stored(view)
     if where is None:
-        return [_copy(m) for m in _first_here(view, state, limit)]
+        here = [_copy(m) for m in _first_here(view, state, limit)]
+        # memory holds the most urgent of a backlog; past its window, the rest is on disk
+        spilled = isinstance(view, Topic) and view.window.spilled
+        if spilled and state == "ready" and len(here) < limit:
+            ids = {m.id for m in here}
+            disk = [m for m in await broker.journal.load_backlog(view, limit) if m.id not in ids]
+            here = heapq.nsmallest(limit, [*here, *disk], key=_urgency)
+        return here
     found = await broker.journal.peek(where[0], where[1], state, limit)
     msgs = [_located(f, where[0], None).message for f in found]
     if state == "ready" and isinstance(view, Group) and view.ready:

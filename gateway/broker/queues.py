@@ -74,6 +74,10 @@ class Queue(abc.ABC):
     def buried(self, msg: Message, priority_was: int | None) -> None:
         """A delivery is buried (counted and archived by the group); recorded here."""
 
+    def adopt_spilled(self, spilled: int, spill_from: Key) -> None:  # noqa: B027
+        """The topic's backlog came with `spilled` ready messages on disk only, from
+        `spill_from` on (a paging store's: LocalQueue)."""
+
     def detached(self) -> None:  # noqa: B027
         """A consumer left."""
 
@@ -121,6 +125,69 @@ class Pager:
                 queue = next(iter(self._wanted))
                 del self._wanted[queue]
                 await queue.page_in()
+
+
+class BacklogWindow:
+    """The memory window of a topic's backlog (what is published while the topic has no
+    group) with a paging store: nsqd keeps a topic without a channel in memory up to its
+    mem-queue-size too, and the rest in its disk queue. The ready messages past the
+    window stay on disk only (recorded already), counted here, every one of them at or
+    after `spill_from` in (priority, id) order and every one kept in memory before it,
+    which is what a group's page-in reads by once the backlog is handed to the topic's
+    first group (`LocalQueue.adopt_spilled`). Deferred messages always stay in memory."""
+
+    __slots__ = ("spill_from", "spilled", "top", "window")
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # 0: everything in memory
+        self.spilled = 0
+        self.spill_from: Key = NO_KEY
+        self.top: Key = NO_KEY  # the least urgent ready message kept in memory, at most
+
+    def admit(self, held: int, messages: list[Message]) -> list[Message]:
+        """One publish's messages (one priority and delay, ids ascending) for a backlog
+        holding `held` in memory: the ones it keeps there."""
+        if not self.window:
+            return messages
+        if not self.spilled and held + len(messages) <= self.window:
+            last = messages[-1]  # the least urgent of the publish, if it is ready
+            if last.deliver_at == 0.0:
+                self.top = max(self.top, (last.priority, last.id))
+            return messages
+        keep: list[Message] = []
+        for msg in messages:
+            if msg.deliver_at == 0.0:
+                key = (msg.priority, msg.id)
+                if not self.spilled:
+                    if held + len(keep) < self.window:
+                        self.top = max(self.top, key)
+                        keep.append(msg)
+                        continue
+                    # as a group's window (LocalQueue._spills): never before one in memory
+                    top = self.top
+                    self.spill_from = max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
+                if key >= self.spill_from:
+                    self.spilled += 1
+                    continue
+                self.top = max(self.top, key)
+            keep.append(msg)
+        return keep
+
+    def restored(self, spilled: int, kept: list[Message]) -> None:
+        """After a restart: `spilled` ready messages on disk, after the ready ones `kept`."""
+        self.spilled = spilled
+        ready = [(m.priority, m.id) for m in kept if m.deliver_at == 0.0]
+        self.top = max(ready) if ready else NO_KEY
+        if spilled:
+            self.spill_from = (self.top[0], self.top[1] + 1) if ready else (0, 0)
+
+    def handed_over(self) -> tuple[int, Key]:
+        """The backlog went to the topic's groups: how many they find on disk, and from
+        where (the window starts again empty)."""
+        out = (self.spilled, self.spill_from)
+        self.spilled = 0
+        self.spill_from = self.top = NO_KEY
+        return out
 
 
 class LocalQueue(Queue):
@@ -206,6 +273,22 @@ class LocalQueue(Queue):
         self.spilled = 0
         self._generation += 1
 
+    def adopt_spilled(self, spilled: int, spill_from: Key) -> None:
+        """The topic's backlog came to this group with `spilled` ready messages on disk only
+        from `spill_from` on (BacklogWindow; the store moved them here with the rest). The
+        ready ones in memory that sort after that point leave memory too: a page-in reads
+        everything on disk from the spill point on, and would load a second copy."""
+        if not spilled:
+            return
+        if not self.spilled or spill_from < self.spill_from:
+            dropped = self.group.ready.drop_from(spill_from)
+            self.spilled += dropped
+            self.spill_from = spill_from
+            if self._paging and (self._dropped_min is None or spill_from < self._dropped_min):
+                self._dropped_min = spill_from
+        self.spilled += spilled
+        self.refill(False)
+
     def restored(self, spilled: int) -> None:
         """After a restart: `spilled` ready messages were left on disk, after memory's."""
         self.spilled = spilled
@@ -226,7 +309,7 @@ class LocalQueue(Queue):
             return None
         generation = self._generation
         try:
-            msg = await group.journal.find_spilled(group, msg_id)
+            msg = await group.journal.find_spilled(group.topic.name, group.name, msg_id)
         except StoreUnavailable as exc:
             log.error("topic %s group %s: reading job %d failed: %s", group.topic.name,
                       group.name, msg_id, exc)  # fmt: skip

@@ -153,6 +153,30 @@ class ReadyQueue:
                 return True
         return False
 
+    def drop_from(self, key: tuple[int, int]) -> int:
+        """Remove every message at or after `key` in (priority, id) order; how many (a
+        durable store's memory window moved back: they stay on disk)."""
+        dropped = 0
+        for p in [p for p in self._priorities if p >= key[0]]:
+            lane = self._lanes[p]
+            if p > key[0]:
+                dropped += len(lane)
+                lane.clear()
+            else:
+                while lane and lane[-1].id >= key[1]:
+                    lane.pop()
+                    dropped += 1
+            if not lane:
+                del self._lanes[p]
+                self._priorities.remove(p)
+        late = [entry for entry in self._late if entry[:2] < key]
+        if len(late) < len(self._late):
+            dropped += len(self._late) - len(late)
+            heapify(late)
+            self._late = late
+        self.size -= dropped
+        return dropped
+
     def clear(self) -> list[Message]:
         out = list(self)
         self._lanes.clear()

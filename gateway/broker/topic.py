@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gateway.archive.events import DELETED
 from gateway.broker.group import Group
 from gateway.broker.journal import NULL_JOURNAL
+from gateway.broker.queues import BacklogWindow
 from gateway.model import Message
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ class Topic:
         self.store_fans_out = self.journal.fans_out
         self.stored_backlog = 0
         self.stored_backlog_delayed = 0  # of which deferred
+        # with a paging store, the backlog's memory window: what is past it stays on disk
+        self.window = BacklogWindow(
+            0 if ephemeral or self.store_fans_out else self.journal.pager.window
+        )
         # this topic's archive recorder; None when archiving is off or leaves it out
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None
@@ -58,8 +63,8 @@ class Topic:
             return
         groups = self.groups
         if self.paused or not groups:
-            self.backlog.extend(messages)
             self.journal.put(self, (), messages)
+            self.backlog.extend(self.window.admit(len(self.backlog), messages))
             return
         if len(groups) == 1:  # the common case: no list to build, no copies to make
             (group,) = groups.values()
@@ -90,7 +95,7 @@ class Topic:
         group = self.groups.get(name)
         if group is None and create:
             group = Group(self, name, ephemeral=ephemeral, max_attempts=self.broker.max_attempts)
-            adopt = not self.groups and bool(self.backlog) and not self.paused
+            adopt = self._adopts(group)
             self.groups[name] = group
             if len(self.groups) == 1 and self.broker.on_groups is not None:
                 self.broker.on_groups(self.name, True)
@@ -101,7 +106,19 @@ class Topic:
                 backlog, self.backlog = self.backlog, []
                 self.journal.backlog_fanned_out(self, [group])
                 group.put(backlog)
+                group.queue.adopt_spilled(*self.window.handed_over())
         return group
+
+    def _adopts(self, group: Group) -> bool:
+        """Whether `group`, new, takes the backlog: the first group does, as nsqd's first
+        channel gets what its topic kept. A backlog partly on disk (past its memory window)
+        waits for a group that can page it in: not an ephemeral one, which keeps nothing
+        on disk."""
+        if self.paused or not (self.backlog or self.window.spilled):
+            return False
+        if not self.window.spilled:
+            return not self.groups
+        return not group.ephemeral and all(g.ephemeral for g in self.groups.values())
 
     def delete_group(self, name: str) -> bool:
         group = self.groups.pop(name, None)
@@ -122,11 +139,16 @@ class Topic:
     def unpause(self) -> None:
         self.paused = False
         self.journal.paused(self, None, False)
-        if self.backlog and self.groups:
+        groups = list(self.groups.values())
+        if self.window.spilled:  # partly on disk: for the groups that can page it in
+            groups = [g for g in groups if not g.ephemeral]
+        if (self.backlog or self.window.spilled) and groups:
             backlog, self.backlog = self.backlog, []
-            groups = list(self.groups.values())
             self.journal.backlog_fanned_out(self, groups)
             self._fan_out(groups, backlog)
+            spilled = self.window.handed_over()
+            for group in groups:
+                group.queue.adopt_spilled(*spilled)
 
     def delete_backlog(self, msg_id: int) -> Message | None:
         """Delete one message waiting in the backlog (beanstalkd delete of a job in a tube
@@ -143,8 +165,9 @@ class Topic:
     def empty(self) -> None:
         """Drop the topic-level backlog (nsqd /topic/empty); groups keep their messages."""
         self.backlog.clear()
+        self.window.handed_over()
         self.journal.cleared(self, None)
 
     @property
     def depth(self) -> int:
-        return len(self.backlog) + self.stored_backlog
+        return len(self.backlog) + self.stored_backlog + self.window.spilled

@@ -60,7 +60,7 @@ def _topic(topic: query.TopicView, channels: list[dict[str, Any]]) -> dict[str, 
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.backlog,
-        "backend_depth": 0,  # a topic's backlog is never spilled to disk
+        "backend_depth": topic.spilled,  # past the memory window, on disk only
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,

@@ -32,6 +32,7 @@ from gateway.model import Message
 
 # a ready message's place in its group: (priority, id)
 Key = tuple[int, int]
+MIN_KEY: Key = (-(1 << 63), -1)  # before every (priority, id)
 
 
 class StoreError(Exception):
@@ -54,8 +55,11 @@ class StoredGroup:
 class StoredTopic:
     name: str
     paused: bool = False
-    backlog: list[Message] = field(default_factory=list)  # published before any group existed
+    # published while no group existed (or while paused), in id order; with a paging store
+    # only the first `window` ready ones in (priority, id) order and every deferred one
+    backlog: list[Message] = field(default_factory=list)
     groups: dict[str, StoredGroup] = field(default_factory=dict)
+    spilled: int = 0  # ready backlog messages left on disk, every one after the ready above
 
 
 @dataclass
@@ -164,8 +168,9 @@ class Store(abc.ABC):
         task_status.started()
 
     async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
-        """Ready (not deferred, not buried) messages of a group with (priority, id) >=
-        `after`, in that order, at most `limit` (a paging store; others have none)."""
+        """Ready (not deferred, not buried) messages of a group ("": the topic's backlog)
+        with (priority, id) >= `after`, in that order, at most `limit` (a paging store;
+        others have none)."""
         return []
 
     async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:

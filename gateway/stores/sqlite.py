@@ -562,18 +562,23 @@ class SQLiteStore(Store):
         # the finish of a message in memory that sorts after the spilled ones (a less
         # urgent one delivered before they came) must keep the read from loading it again
         await self.caught_up()
-        t = self._topics.get(topic)
-        gid = t.groups.get(group) if t is not None else None
+        gid = self._read_gid(topic, group)
         if gid is None:
             return []
         db = self._db
         assert db is not None
         return await self._worker.run(read.select_ready, db, self._bodies, topic, gid, after, limit)
 
+    def _read_gid(self, topic: str, group: str) -> int | None:
+        """The index's id of a group, or of the topic's backlog for group "" (reads)."""
+        t = self._topics.get(topic)
+        if t is None:
+            return None
+        return t.backlog if group == "" else t.groups.get(group)
+
     async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:
         await self.caught_up()  # as in load: the index must see every put and finish
-        t = self._topics.get(topic)
-        gid = t.groups.get(group) if t is not None else None
+        gid = self._read_gid(topic, group)
         if gid is None:
             return None
         db = self._db

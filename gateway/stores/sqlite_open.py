@@ -19,7 +19,7 @@ from typing import Any
 from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_segments as segs
 from gateway.stores import sqlite_sql as sql
-from gateway.stores.base import StoredGroup, StoredState, StoredTopic, StoreError
+from gateway.stores.base import MIN_KEY, StoredGroup, StoredState, StoredTopic, StoreError
 from gateway.stores.log import Bodies, Position, replay, segment_path, segments
 
 # a frame written to the log: its records, its segment, where its bodies start in it
@@ -27,8 +27,6 @@ Written = tuple[list[tuple[Any, ...]], int, list[int]]
 
 log = logging.getLogger("gateway.store")
 _REPLAY_RECORDS = 50_000  # records per transaction when a restart replays the log
-
-MIN_KEY = (-(1 << 63), -1)  # before every (priority, id)
 
 
 class TopicIds:
@@ -177,7 +175,8 @@ class Recovered:
 def recover(db: sqlite3.Connection, bodies: Bodies, window: int) -> Recovered:
     """Topics, groups and pause states; per group the first `window` ready messages in
     (priority, id) order (all with 0), the count of the rest, every deferred and every
-    buried one; the backlog of topics without a group; the id to start after."""
+    buried one; the same of the backlog of topics without a group (it has no buried one);
+    the id to start after."""
     state = StoredState()
     found = Recovered(state)
     row = db.execute("SELECT value FROM meta WHERE key = 'id_ceiling'").fetchone()
@@ -199,14 +198,17 @@ def recover(db: sqlite3.Connection, bodies: Bodies, window: int) -> Recovered:
         t = topics.get(topic_name)
         if t is None:
             t = topics[topic_name] = TopicIds(tid, 0)
+        limit = window if window > 0 else -1
         if name is None:
             t.backlog = gid
-            st.backlog = read.select(db, bodies, topic_name, "grp = ?", (gid,), by_id=True)
+            backlog = read.select_ready(db, bodies, topic_name, gid, MIN_KEY, limit)
+            st.spilled = read.count_ready(db, gid) - len(backlog)
+            backlog += read.select(db, bodies, topic_name, "grp = ? AND due > 0", (gid,))
+            st.backlog = sorted(backlog, key=lambda m: m.id)
             continue
         t.groups[name] = gid
         sg = st.groups[name] = StoredGroup(name, bool(paused))
         ready = read.count_ready(db, gid)
-        limit = window if window > 0 else -1
         sg.ready = read.select_ready(db, bodies, topic_name, gid, MIN_KEY, limit)
         sg.spilled = ready - len(sg.ready)
         sg.ready += read.select(db, bodies, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))

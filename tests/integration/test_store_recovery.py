@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from gateway.broker import query
 from tests.helpers import MAGIC, RawBeanstalk, RawNSQ, parse_message, running_gateway
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,4 +217,88 @@ async def test_reserve_with_timeout_0_takes_jobs_past_the_memory_window(tmp_path
             bodies.append(body)
         assert await bs.reply() == b"TIMED_OUT\r\n"
         assert bodies == [b"%04d" % i for i in range(350)]
+        await bs.aclose()
+
+
+def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
+    payload = len(bodies).to_bytes(4, "big") + b"".join(
+        len(b).to_bytes(4, "big") + b for b in bodies
+    )
+    return b"MPUB " + topic + b"\n" + len(payload).to_bytes(4, "big") + payload
+
+
+async def topic_stats(http: httpx.AsyncClient, topic: str) -> tuple[int, int]:
+    """(depth, backend_depth) of a topic, as nsqd's /stats reports them."""
+    stats = (await http.get("/stats?format=json")).json()
+    [t] = [t for t in stats["topics"] if t["topic_name"] == topic]
+    return t["depth"], t["backend_depth"]
+
+
+async def test_a_topic_without_a_channel_keeps_its_memory_window(tmp_path: Path) -> None:
+    """A topic published to before any channel exists keeps only its memory window in
+    memory, as a channel does (nsqd's mem-queue-size holds for a topic too); the rest
+    stays on disk only (backend_depth), through a restart too, and the first channel
+    gets every message, in order, once. The whole backlog was held in memory and read
+    back whole on every start: a million queued took 500 MB."""
+    data_dir = tmp_path / "data"
+    window = {"GATEWAY_STORAGE__MEMORY_WINDOW": "100"}
+    bodies = [b"m%03d" % i for i in range(350)]
+    proc, addr, _ = await start(data_dir, window)
+    try:
+        publisher = await nsq_conn(addr["nsq"])
+        for k in range(0, 350, 50):
+            await publisher.send(mpub(b"t", bodies[k : k + 50]))
+            assert await publisher.frame() == (0, b"OK")
+        async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
+            assert await topic_stats(http, "t") == (350, 250)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    proc, addr, _ = await start(data_dir, window)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
+            assert await topic_stats(http, "t") == (350, 250)
+        got = [body for _, body in await consume(addr["nsq"], "t", "c", fin=True)]
+        assert got == bodies
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+
+
+async def test_a_tube_nobody_watches_keeps_its_memory_window(tmp_path: Path) -> None:
+    """beanstalkd's view of a tube nobody watches, with most of its jobs on disk past the
+    memory window: its counts, peek-ready, a job by id (peek, stats-job, delete), and
+    then a worker that watches it reserves every job left, once, in order."""
+    async with running_gateway(
+        store=f"sqlite://{tmp_path / 'gateway.db'}",
+        nsq="off",
+        beanstalk="127.0.0.1:0",
+        storage__memory_window=100,
+    ) as gw:
+        bs = await RawBeanstalk.connect(gw)
+        assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
+        ids = []
+        for i in range(300):
+            ids.append(int((await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)).split()[1]))
+        stats = await bs.call(b"stats-tube jobs\r\n")
+        assert b"\ncurrent-jobs-ready: 300\n" in stats, stats
+        view = query.topic(gw.broker, "jobs")
+        assert view is not None and view.spilled == 200  # on disk only
+        assert await bs.call(b"peek-ready\r\n") == b"FOUND %d 4\r\n0000\r\n" % ids[0]
+        deep = ids[200]
+        assert await bs.call(b"peek %d\r\n" % deep) == b"FOUND %d 4\r\n0200\r\n" % deep
+        assert b"\nstate: ready\n" in await bs.call(b"stats-job %d\r\n" % deep)
+        assert await bs.call(b"delete %d\r\n" % deep) == b"DELETED\r\n"
+        assert await bs.call(b"peek %d\r\n" % deep) == b"NOT_FOUND\r\n"
+        assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
+        await bs.send(b"reserve-with-timeout 0\r\n" * 300)
+        got = []
+        for _ in range(299):
+            head, body, _ = (await bs.reply()).split(b"\r\n")
+            assert head.startswith(b"RESERVED "), head
+            got.append(body)
+        assert await bs.reply() == b"TIMED_OUT\r\n"
+        assert got == [b"%04d" % i for i in range(300) if i != 200]
         await bs.aclose()
