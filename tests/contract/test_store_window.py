@@ -157,3 +157,51 @@ async def test_a_release_after_its_topic_was_deleted_finds_nothing(pair: Pair) -
         nursery.cancel_scope.cancel()
     state = await pair.reopened()
     assert "t" not in state.topics
+
+
+async def test_a_paused_topics_backlog_past_the_window_goes_to_its_group_once(
+    pair: Pair,
+) -> None:
+    """A paused topic keeps what is published meanwhile in its backlog, which keeps a
+    memory window of its own (the rest on disk). Unpaused, the group that already holds
+    messages takes it over, memory and disk, and delivers every message once, in order."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        g = b.group("t", "g")
+        b.publish("t", [b"a%02d" % i for i in range(5)])
+        t = b.topics["t"]
+        t.pause()
+        b.publish("t", [b"b%02d" % i for i in range(30)])
+        await b.flush()
+        assert t.depth == 30 and g.depth == 5
+        if pair.store.pages:
+            assert len(t.backlog) == 10 and t.window.spilled == 20
+        t.unpause()
+        assert t.depth == 0 and g.depth == 35
+        sink = Collector()
+        await drain(g, sink, 35)
+        assert once_each(sink) == [b"a%02d" % i for i in range(5)] + [
+            b"b%02d" % i for i in range(30)
+        ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_backlog_past_the_window_waits_for_a_group_that_can_page_it_in(
+    pair: Pair,
+) -> None:
+    """An ephemeral channel keeps nothing on disk: it does not take a backlog partly on
+    disk (it gets what is published from then on), and the first durable group does."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        b.publish("t", [b"%02d" % i for i in range(25)])
+        await b.flush()
+        e = b.group("t", "e#ephemeral", ephemeral=True)
+        b.publish("t", [b"new"])
+        if pair.store.pages:
+            assert b.topics["t"].depth == 25 and e.depth == 1
+        g = b.group("t", "g")
+        sink = Collector()
+        want = 25 if pair.store.pages else 0  # else the ephemeral channel took them all
+        await drain(g, sink, want)
+        assert once_each(sink) == [b"%02d" % i for i in range(want)]
+        nursery.cancel_scope.cancel()

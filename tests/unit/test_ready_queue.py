@@ -17,6 +17,8 @@ ops = st.lists(
         st.tuples(st.just("pop"), st.just(0), st.just(0)),
         st.tuples(st.just("remove"), st.just(0), st.integers(1, 60)),
         st.tuples(st.just("pop_many"), st.just(0), st.integers(1, 8)),
+        # a memory window moved back: everything at or after (priority, id) leaves
+        st.tuples(st.just("drop_from"), st.integers(0, 3), st.integers(1, 160)),
     ),
     max_size=80,
 )
@@ -53,6 +55,14 @@ def test_matches_a_heap(operations: list[tuple[str, int, int]]) -> None:
             assert [(m.priority, m.id) for m in got_many] == expected_many
             for m in got_many:
                 del live[m.id]
+        elif op == "drop_from":
+            key = (priority, arg)
+            gone = [k for k in reference if k >= key]
+            assert queue.drop_from(key) == len(gone)
+            reference = [k for k in reference if k < key]
+            heapq.heapify(reference)
+            for _, i in gone:
+                del live[i]
         elif op == "remove" and arg in live:
             m = live.pop(arg)
             assert queue.remove(m)
