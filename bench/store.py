@@ -18,7 +18,8 @@ Sections (``--only``, comma-separated; all by default):
 * ``rss``: peak RSS (VmHWM of the whole process) with 1,000,000 queued 200-byte messages
   (channel created first, then MPUB), memory and durable; then the durable gateway is stopped
   (SIGTERM) and restarted, timing the start to its listening lines and to the first delivery,
-  and the peak RSS of the restarted process.
+  and the peak RSS of the restarted process. Then the same 1,000,000 into a topic without a
+  channel (its backlog keeps a memory window too), filled and restarted, durable only.
 * ``disk``: the data dir's size (du) after 2,000,000 messages published (MPUB) and finished
   (SUB + FIN, at the same time), live and after a SIGTERM.
 
@@ -585,10 +586,12 @@ def section_beanstalkd(run: Run) -> None:
                 )
 
 
-def fill(server: Server, topic: str, n: int, timeout: float) -> float:
-    """Create channel `ch`, then MPUB n 200-byte messages into it; returns the seconds."""
+def fill(server: Server, topic: str, n: int, timeout: float, channel: bool = True) -> float:
+    """Create channel `ch` (unless not `channel`: the topic keeps them), then MPUB n
+    200-byte messages into it; returns the seconds."""
     http_post(server, "/topic/create", topic=topic)
-    http_post(server, "/channel/create", topic=topic, channel="ch")
+    if channel:
+        http_post(server, "/channel/create", topic=topic, channel="ch")
     opts = replace(nsq_options(FULL, timeout), n={"mpub": n})
     with Watchdog(timeout) as wd:
         conn = nsq_bench.NSQConn(server.addresses["nsq"], wd)
@@ -682,6 +685,23 @@ def section_rss(run: Run) -> None:
             ),
         )
     )
+    no_channel = rss_without_channel(run, topic, n)
+    run.rows.append(
+        Row(
+            "rss",
+            f"peak RSS, {si(n)} queued in a topic without a channel (fill and restart)",
+            "-",
+            "-",
+            mb(no_channel),
+            "-",
+            f"durable <= {TARGET_RSS_DURABLE_MB} MB",
+            verdict(
+                no_channel is not None and no_channel / 1024 <= TARGET_RSS_DURABLE_MB
+                if judged
+                else None
+            ),
+        )
+    )
     run.rows.append(
         Row(
             "rss",
@@ -694,6 +714,35 @@ def section_rss(run: Run) -> None:
             verdict(recovery[1] <= TARGET_RECOVERY_S if recovery and judged else None),
         )
     )
+
+
+def rss_without_channel(run: Run, topic: str, n: int) -> int | None:
+    """Peak RSS of the durable gateway with n published before any channel exists (the
+    topic's backlog keeps a memory window too), filled and then restarted; the first
+    channel must then hold all n."""
+    data_dir = run.data_dir("rss-topic")
+    durable = start_gateway("durable", run.placement, data_dir)
+    run.servers.append(durable)
+    try:
+        seconds = fill(durable, topic, n, run.timeout, channel=False)
+        peak = vm_kb(durable.pid, "VmHWM")
+        durable.stop()
+        run.servers.remove(durable)
+        durable = start_gateway("durable", run.placement, data_dir)
+        run.servers.append(durable)
+        first_delivery(durable, topic, run.timeout)  # its SUB makes the first channel
+        depth = channel_depth(durable, topic, "ch")
+        restarted = vm_kb(durable.pid, "VmHWM")
+        say(
+            f"[rss @ durable, no channel] filled in {seconds:.1f}s; VmHWM {mb(peak)}; "
+            f"restarted: VmHWM {mb(restarted)}, {depth} messages in the first channel"
+        )
+        if depth != n:
+            run.failures.append(f"the first channel got {depth} messages, not {n}")
+        return max(peak or 0, restarted or 0) or None
+    finally:
+        durable.stop()
+        run.servers.remove(durable)
 
 
 def disk_consumer(
