@@ -302,3 +302,34 @@ async def test_a_tube_nobody_watches_keeps_its_memory_window(tmp_path: Path) -> 
         assert await bs.reply() == b"TIMED_OUT\r\n"
         assert got == [b"%04d" % i for i in range(300) if i != 200]
         await bs.aclose()
+
+
+async def test_emptying_a_topic_drops_its_backlog_on_disk_too(tmp_path: Path) -> None:
+    """nsqd's /topic/empty of a topic whose backlog is mostly on disk past the memory
+    window: nothing of it is left, counted, delivered to a new channel, or back after a
+    restart."""
+    data_dir = tmp_path / "data"
+    window = {"GATEWAY_STORAGE__MEMORY_WINDOW": "100"}
+    proc, addr, _ = await start(data_dir, window)
+    try:
+        publisher = await nsq_conn(addr["nsq"])
+        await publisher.send(mpub(b"t", [b"old%03d" % i for i in range(300)]))
+        assert await publisher.frame() == (0, b"OK")
+        async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
+            assert await topic_stats(http, "t") == (300, 200)
+            assert (await http.post("/topic/empty?topic=t")).status_code == 200
+            assert await topic_stats(http, "t") == (0, 0)
+        await publisher.send(mpub(b"t", [b"new"]))
+        assert await publisher.frame() == (0, b"OK")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    proc, addr, _ = await start(data_dir, window)
+    try:
+        got = [body for _, body in await consume(addr["nsq"], "t", "c", fin=True)]
+        assert got == [b"new"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
