@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 import trio
 
 from gateway.broker.errors import StoreUnavailable
-from gateway.model import Message
+from gateway.model import Message, Publish
 from gateway.stores.base import Key
 
 if TYPE_CHECKING:
@@ -127,6 +127,16 @@ class Pager:
                 await queue.page_in()
 
 
+def _past(messages: list[Message], spill_from: Key) -> bool:
+    """Whether every message is ready and at or after `spill_from`, checked on the first
+    alone where that holds for all: one message, or one publish (Publish: one priority
+    and delay, ids ascending)."""
+    if len(messages) != 1 and type(messages) is not Publish:
+        return False
+    first = messages[0]
+    return first.deliver_at == 0.0 and (first.priority, first.id) >= spill_from
+
+
 class BacklogWindow:
     """The memory window of a topic's backlog (what is published while the topic has no
     group) with a paging store: nsqd keeps a topic without a channel in memory up to its
@@ -154,6 +164,9 @@ class BacklogWindow:
             if last.deliver_at == 0.0:
                 self.top = max(self.top, (last.priority, last.id))
             return messages
+        if self.spilled and _past(messages, self.spill_from):
+            self.spilled += len(messages)  # a whole publish after the spill point
+            return []
         keep: list[Message] = []
         for msg in messages:
             if msg.deliver_at == 0.0:
@@ -214,6 +227,13 @@ class LocalQueue(Queue):
     def _spill(self, messages: list[Message]) -> list[Message]:
         """Leave on disk (already recorded) the ready ones past the window; returns the
         ones to keep in memory. Deferred messages always stay in memory."""
+        if self.spilled and _past(messages, self.spill_from):
+            # the common case of a deep queue: a whole publish after the spill point
+            self.spilled += len(messages)
+            key = (messages[0].priority, messages[0].id)
+            if self._paging and (self._dropped_min is None or key < self._dropped_min):
+                self._dropped_min = key
+            return []
         keep: list[Message] = []
         kept_top = NO_KEY  # the least urgent one kept so far (not in `ready` yet)
         for msg in messages:
@@ -371,9 +391,12 @@ class LocalQueue(Queue):
         dropped = self._dropped_min
         if dropped is not None:
             rows = [m for m in rows if (m.priority, m.id) < dropped]
-        in_flight = group.in_flight
-        gone, self._gone = self._gone, set()
-        msgs = [m for m in rows if m.id not in busy and m.id not in in_flight and m.id not in gone]
+        # one look-up per message: those in flight at the start or now, and those taken
+        # out by id meanwhile
+        busy.update(group.in_flight)
+        busy |= self._gone
+        self._gone = set()
+        msgs = [m for m in rows if m.id not in busy]
         if rows:
             last = rows[-1]
             after = (last.priority, last.id + 1)

@@ -205,3 +205,28 @@ async def test_a_backlog_past_the_window_waits_for_a_group_that_can_page_it_in(
         await drain(g, sink, want)
         assert once_each(sink) == [b"%02d" % i for i in range(want)]
         nursery.cancel_scope.cancel()
+
+
+async def test_publishes_wholly_past_the_window_page_in_once_in_order(pair: Pair) -> None:
+    """Publishes that come after the spill point stay on disk whole (counted at once, not
+    message by message), into a group and into a topic's backlog alike, and page in
+    once each, in order, with a consumer draining them meanwhile."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        for k in range(4):  # a backlog: no group yet
+            b.publish("t", [b"a%d-%02d" % (k, i) for i in range(15)])
+        g = b.group("t", "g")
+        for k in range(4):
+            b.publish("t", [b"b%d-%02d" % (k, i) for i in range(15)])
+        b.publish("t", [b"c"])
+        await b.flush()
+        if pair.store.pages:
+            assert len(g.ready) <= 10 and g.queue.spilled == 121 - len(g.ready)
+        sink = Collector()
+        await drain(g, sink, 121)
+        assert once_each(sink) == [
+            *(b"a%d-%02d" % (k, i) for k in range(4) for i in range(15)),
+            *(b"b%d-%02d" % (k, i) for k in range(4) for i in range(15)),
+            b"c",
+        ]
+        nursery.cancel_scope.cancel()
