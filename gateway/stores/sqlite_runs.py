@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,50 @@ def add_deliveries(runs: list[int], deliveries: Iterable[Delivery]) -> None:
             runs[-2] = i
         else:
             runs += (p, i, i, a)
+
+
+class Spans:
+    """The ids of finishes (flat runs: priority, first, last, ...) as sorted disjoint
+    spans: whether an id is among them, and which ids of a span they leave out, found by
+    bisection rather than a set of every id (a page of FINs is a run or a few, its
+    deliveries a run)."""
+
+    __slots__ = ("firsts", "lasts")
+
+    def __init__(self, flat: list[int]) -> None:
+        self.firsts: list[int] = []
+        self.lasts: list[int] = []
+        for first, last in sorted(zip(flat[1::3], flat[2::3], strict=True)):
+            if self.lasts and first <= self.lasts[-1] + 1:
+                self.lasts[-1] = max(self.lasts[-1], last)
+            else:
+                self.firsts.append(first)
+                self.lasts.append(last)
+
+    def __contains__(self, i: int) -> bool:
+        k = bisect_right(self.firsts, i) - 1
+        return k >= 0 and i <= self.lasts[k]
+
+    def gaps(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The spans (first, last) of the ids from `first` to `last` in no span."""
+        firsts, lasts = self.firsts, self.lasts
+        out: list[tuple[int, int]] = []
+        k = max(bisect_right(firsts, first) - 1, 0)
+        i = first
+        while i <= last:
+            while k < len(firsts) and lasts[k] < i:
+                k += 1
+            if k == len(firsts) or firsts[k] > last:
+                out.append((i, last))
+                break
+            if firsts[k] > i:
+                out.append((i, firsts[k] - 1))
+            i = lasts[k] + 1
+        return out
+
+    def outside(self, first: int, last: int) -> list[int]:
+        """The ids from `first` to `last` in no span."""
+        return [i for lo, hi in self.gaps(first, last) for i in range(lo, hi + 1)]
 
 
 # -- applying the log's records ---------------------------------------------------
@@ -241,6 +286,63 @@ def finish(db: sqlite3.Connection, fins: dict[int, list[int]]) -> int:
         )
     release(db, released)
     return removed
+
+
+def deliver(db: sqlite3.Connection, ranged: dict[int, list[tuple[int, int, int, int]]]) -> None:
+    """Deliveries as ranges of ids (per group: priority, first, last, attempts; no id in
+    two of them), applied per run, not per message: a run they cover whole takes the
+    attempts in its own column; a run they cover in part notes them per message (its
+    tries), as `change` does; a message the index keeps in another state (buried,
+    deferred) is a `change`."""
+    by_key: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    for gid, ranges in ranged.items():
+        for p, first, last, a in ranges:
+            by_key.setdefault((gid, p, a), []).append((first, last))
+    # per run: its columns, and the masks of its messages delivered with each attempts
+    hit: dict[tuple[int, int, int], tuple[list[Any], list[tuple[int, int]]]] = {}
+    for (gid, priority, a), spans in by_key.items():
+        for run, mask in _spanned(db, gid, priority, spans):
+            old = int.from_bytes(run[2], "little") if run[2] else 0
+            if mask & ~old:
+                entry = hit.setdefault((gid, priority, run[0]), (run, []))
+                entry[1].append((mask & ~old, a))
+    whole = []
+    noted = []
+    others: list[_Update] = []
+    for (gid, priority, start), (run, masks) in hit.items():
+        n, gone, due, state, tries = run[1], run[2], run[6], run[7], run[8]
+        old = int.from_bytes(gone, "little") if gone else 0
+        if state != READY or due:
+            others += [
+                (priority, a, 0.0, READY, gid, priority, start + k)
+                for mine, a in masks
+                for k in _bits(mine)
+            ]
+        elif len(masks) == 1 and masks[0][0] | old == (1 << n) - 1:  # all left in the run
+            whole.append((masks[0][1], gid, priority, start))
+        else:
+            counts = tries_of(tries) if tries else {}
+            for mine, a in masks:
+                for k in _bits(mine):
+                    counts[k] = a
+            noted.append((tries_blob(counts), gid, priority, start))
+    if whole:
+        db.executemany(
+            "UPDATE runs SET attempts = ?, tries = NULL WHERE grp = ? AND priority = ? AND id = ?",
+            whole,
+        )
+    if noted:
+        db.executemany("UPDATE runs SET tries = ? WHERE grp = ? AND priority = ? AND id = ?", noted)
+    if others:
+        change(db, others)
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """The places of a mask's set bits, ascending."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 def change(db: sqlite3.Connection, changes: Iterable[_Update]) -> None:

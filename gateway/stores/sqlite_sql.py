@@ -37,9 +37,10 @@ from __future__ import annotations
 import json
 import sqlite3
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
+from operator import itemgetter
 from pickle import PickleBuffer
 from typing import Any
 
@@ -212,8 +213,13 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
                 for p, i in op[2]:
                     f += (p, i, i)
     # a delivery of a message finished in the same run changes nothing the index keeps:
-    # in a queue drained as it is read, that is nearly every delivery
-    done: dict[int, _Spans] = {}
+    # in a queue drained as it is read, that is nearly every delivery. The others are
+    # applied per run of ids (runs.deliver), unless the same run of records changes their
+    # group's messages otherwise (a publish into it, a change): then per message, in order
+    done: dict[int, runs.Spans] = {}
+    ranged: dict[int, list[tuple[int, int, int, int]]] = {}
+    mixed = {gid for op in ops if op[0] == "P" for gid in op[1]}
+    mixed.update(op[1][4] for op in ops if op[0] == "U")
     for op in ops:
         kind = op[0]
         if kind == "P":
@@ -227,9 +233,13 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
             if f:
                 spans = done.get(gid)
                 if spans is None:
-                    spans = done[gid] = _Spans(f)
+                    spans = done[gid] = runs.Spans(f)
             for k in range(0, len(flat), 4):
                 p, first, last, a = flat[k : k + 4]
+                if gid not in mixed:
+                    gaps = spans.gaps(first, last) if spans else [(first, last)]
+                    ranged.setdefault(gid, []).extend((p, lo, hi, a) for lo, hi in gaps)
+                    continue
                 ids = spans.outside(first, last) if spans else range(first, last + 1)
                 updates += [(p, a, 0.0, READY, gid, p, i) for i in ids]
         elif kind == "A":  # a log written before runs
@@ -238,51 +248,28 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
             if f:
                 spans = done.get(gid)
                 if spans is None:
-                    spans = done[gid] = _Spans(f)
+                    spans = done[gid] = runs.Spans(f)
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in spans]
             else:
                 updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
+    for gid, ranges in list(ranged.items()):
+        ranges.sort(key=_FIRST)
+        if any(b[1] <= a[2] for a, b in pairwise(ranges)):
+            # a message delivered twice in one run of records: per message, in order
+            del ranged[gid]
+            for op in ops:
+                if op[0] == "AR" and op[1] == gid:
+                    spans = done.get(gid)
+                    for k in range(0, len(op[2]), 4):
+                        p, first, last, a = op[2][k : k + 4]
+                        ids = spans.outside(first, last) if spans else range(first, last + 1)
+                        updates += [(p, a, 0.0, READY, gid, p, i) for i in ids]
+    if ranged:
+        runs.deliver(db, ranged)  # no publish, change or finish here touches these
     return _run(db, puts, updates, fins, done, fence)
 
 
-class _Spans:
-    """The ids of finishes (flat runs: priority, first, last, ...) as sorted disjoint
-    spans: whether an id is among them, and which ids of a span they leave out, found by
-    bisection rather than a set of every id (a page of FINs is a run or a few, its
-    deliveries a run)."""
-
-    __slots__ = ("firsts", "lasts")
-
-    def __init__(self, flat: list[int]) -> None:
-        self.firsts: list[int] = []
-        self.lasts: list[int] = []
-        for first, last in sorted(zip(flat[1::3], flat[2::3], strict=True)):
-            if self.lasts and first <= self.lasts[-1] + 1:
-                self.lasts[-1] = max(self.lasts[-1], last)
-            else:
-                self.firsts.append(first)
-                self.lasts.append(last)
-
-    def __contains__(self, i: int) -> bool:
-        k = bisect_right(self.firsts, i) - 1
-        return k >= 0 and i <= self.lasts[k]
-
-    def outside(self, first: int, last: int) -> list[int]:
-        """The ids from `first` to `last` in no span."""
-        firsts, lasts = self.firsts, self.lasts
-        out: list[int] = []
-        k = max(bisect_right(firsts, first) - 1, 0)
-        i = first
-        while i <= last:
-            while k < len(firsts) and lasts[k] < i:
-                k += 1
-            if k == len(firsts) or firsts[k] > last:
-                out += range(i, last + 1)
-                break
-            if firsts[k] > i:
-                out += range(i, firsts[k])
-            i = lasts[k] + 1
-        return out
+_FIRST = itemgetter(1)
 
 
 class _ByGroup:
@@ -322,7 +309,7 @@ def _run(
     puts: list[Op],
     updates: list[_Update],
     fins: dict[int, list[int]],
-    done: dict[int, _Spans],
+    done: dict[int, runs.Spans],
     fence: tuple[int, int],
 ) -> int:
     # one change per message: the last one's fields, and the priority the index has it
@@ -339,7 +326,7 @@ def _run(
         for gid, i in [key for key in latest if key[0] in fins]:
             ids = done.get(gid)
             if ids is None:
-                ids = done[gid] = _Spans(fins[gid])
+                ids = done[gid] = runs.Spans(fins[gid])
             if i in ids:
                 fins[gid] += (latest.pop((gid, i))[5], i, i)
     written = 0
