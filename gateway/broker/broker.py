@@ -235,17 +235,15 @@ class Broker:
     def withdraw(self, messages: Sequence[Message]) -> int:
         """Take back published messages whose commit failed and which nobody was told were
         stored (a link hands them back to the server it took them from): removed wherever
-        they wait, in the topic's backlog or its groups, ready, deferred or buried. A copy
-        a consumer holds already stays with it. Recorded as deletes, after the publish: a
-        store that recovers commits both. How many copies were removed."""
+        they wait, in the topic's backlog or its groups, ready, deferred or buried, in
+        memory or on disk past a memory window (Topic.withdraw). A copy a consumer holds
+        already stays with it. Recorded as deletes, after the publish: a store that
+        recovers commits both. How many copies were removed."""
         removed = 0
         for msg in messages:
             topic = self.topics.get(msg.topic)
-            if topic is None:
-                continue
-            removed += topic.delete_backlog(msg.id) is not None
-            for group in topic.groups.values():
-                removed += group.delete(msg.id)
+            if topic is not None:
+                removed += topic.withdraw(msg)
         return removed
 
     @property

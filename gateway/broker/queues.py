@@ -78,6 +78,11 @@ class Queue(abc.ABC):
         """The topic's backlog came with `spilled` ready messages on disk only, from
         `spill_from` on (a paging store's: LocalQueue)."""
 
+    def withdraw_spilled(self, msg: Message) -> bool:
+        """Take back a message just published that went to disk only, past the window (a
+        paging store's); False if it is not there."""
+        return False
+
     def detached(self) -> None:  # noqa: B027
         """A consumer left."""
 
@@ -193,6 +198,13 @@ class BacklogWindow:
         self.top = max(ready) if ready else NO_KEY
         if spilled:
             self.spill_from = (self.top[0], self.top[1] + 1) if ready else (0, 0)
+
+    def withdraw(self, msg: Message) -> bool:
+        """Whether `msg`, just published, is on disk only (it is then counted out)."""
+        if not self.spilled or msg.deliver_at != 0.0 or (msg.priority, msg.id) < self.spill_from:
+            return False
+        self.spilled -= 1
+        return True
 
     def handed_over(self) -> tuple[int, Key]:
         """The backlog went to the topic's groups: how many they find on disk, and from
@@ -354,6 +366,13 @@ class LocalQueue(Queue):
         if msg is None:
             return self.group.delete(msg_id)  # in memory by now, if anywhere
         self._taken_out(msg_id)
+        self.group.delete_claimed(msg)
+        return True
+
+    def withdraw_spilled(self, msg: Message) -> bool:
+        if not self.spilled or msg.deliver_at != 0.0 or (msg.priority, msg.id) < self.spill_from:
+            return False  # not on disk only: in memory, in flight, or paged in since
+        self._taken_out(msg.id)
         self.group.delete_claimed(msg)
         return True
 

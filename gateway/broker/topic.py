@@ -162,6 +162,22 @@ class Topic:
                 return msg
         return None
 
+    def withdraw(self, msg: Message) -> int:
+        """Take back a message just published wherever it waits here, in the backlog (in
+        memory or on disk past its window) or in the groups (ready, deferred or buried,
+        in memory or on disk); a copy a consumer holds stays with it. How many copies."""
+        removed = 0
+        if self.delete_backlog(msg.id) is not None:
+            removed += 1
+        elif self.window.withdraw(msg):
+            if self.archive is not None:
+                self.archive.record(DELETED, msg, "")
+            self.journal.removed(self, None, (msg,))
+            removed += 1
+        for group in self.groups.values():
+            removed += group.delete(msg.id) or group.queue.withdraw_spilled(msg)
+        return removed
+
     def empty(self) -> None:
         """Drop the topic-level backlog (nsqd /topic/empty); groups keep their messages."""
         self.backlog.clear()

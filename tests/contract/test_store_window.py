@@ -230,3 +230,24 @@ async def test_publishes_wholly_past_the_window_page_in_once_in_order(pair: Pair
             b"c",
         ]
         nursery.cancel_scope.cancel()
+
+
+async def test_withdrawn_messages_past_the_window_are_taken_back(pair: Pair) -> None:
+    """A link whose publish failed to commit takes the messages back (Broker.withdraw) to
+    hand them to the server it took them from: those that went to disk only, past the
+    window of a group or of a topic's backlog, must go too, or they would arrive twice."""
+    async with trio.open_nursery() as nursery:
+        b = await started(pair, nursery, memory_window=10)
+        g = b.group("t", "g")
+        msgs, _ = b.publish("t", [b"g%02d" % i for i in range(25)])
+        backlog, _ = b.publish("u", [b"u%02d" % i for i in range(25)])
+        await b.flush()
+        assert b.withdraw([*msgs[18:], *backlog[18:]]) == 14
+        sink = Collector()
+        await drain(g, sink, 18)
+        assert once_each(sink) == [b"g%02d" % i for i in range(18)]
+        assert b.topics["u"].depth == 18
+        u = Collector()
+        await drain(b.group("u", "g"), u, 18)
+        assert once_each(u) == [b"u%02d" % i for i in range(18)]
+        nursery.cancel_scope.cancel()
