@@ -26,7 +26,7 @@ given, and stops it at the end. All traffic stays on loopback.
     .venv/bin/python bench/nsq.py -n 20000 --only pub,sub  # quick look
     .venv/bin/python bench/nsq.py --pin same               # server and client on CPU 0
     .venv/bin/python bench/nsq.py --nsqd 127.0.0.1:4150    # side by side with a real nsqd
-    .venv/bin/python bench/nsq.py --nsqd-bin ~/peers/nsq-bin/nsqd --nsqd-args=--mem-queue-size=0 \
+    .venv/bin/python bench/nsq.py --nsqd-bin ../nsq/nsqd --nsqd-args=--mem-queue-size=0 \
         --gateway-args "--store sqlite:///tmp/gw-bench/gateway.db"   # both durable
     .venv/bin/python bench/nsq.py --addr 127.0.0.1:4150    # an already running gateway
 """
