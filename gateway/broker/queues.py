@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import trio
@@ -132,7 +133,14 @@ class Pager:
                 await queue.page_in()
 
 
-def _past(messages: list[Message], spill_from: Key) -> bool:
+def _spill_point(key: Key, top: Key) -> Key:
+    """Where a window's disk part starts as `key` spills first: there, but never before
+    `top`, the least urgent message kept in memory (a page-in reads everything on disk
+    from that point on, and would load a second copy of one in memory)."""
+    return max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
+
+
+def _past(messages: Sequence[Message], spill_from: Key) -> bool:
     """Whether every message is ready and at or after `spill_from`, checked on the first
     alone where that holds for all: one message, or one publish (Publish: one priority
     and delay, ids ascending)."""
@@ -181,9 +189,7 @@ class BacklogWindow:
                         self.top = max(self.top, key)
                         keep.append(msg)
                         continue
-                    # as a group's window (LocalQueue._spills): never before one in memory
-                    top = self.top
-                    self.spill_from = max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
+                    self.spill_from = _spill_point(key, self.top)
                 if key >= self.spill_from:
                     self.spilled += 1
                     continue
@@ -201,7 +207,7 @@ class BacklogWindow:
 
     def withdraw(self, msg: Message) -> bool:
         """Whether `msg`, just published, is on disk only (it is then counted out)."""
-        if not self.spilled or msg.deliver_at != 0.0 or (msg.priority, msg.id) < self.spill_from:
+        if not (self.spilled and _past((msg,), self.spill_from)):
             return False
         self.spilled -= 1
         return True
@@ -268,7 +274,7 @@ class LocalQueue(Queue):
             # (a page-in reads everything on disk from `spill_from` on, and would load a
             # second copy of it).
             top = max(self.group.ready.max_key() or NO_KEY, kept_top)
-            self.spill_from = max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
+            self.spill_from = _spill_point(key, top)
         if key < self.spill_from:
             return False  # more urgent than anything on disk: memory, past the window
         self.spilled += 1
@@ -370,7 +376,7 @@ class LocalQueue(Queue):
         return True
 
     def withdraw_spilled(self, msg: Message) -> bool:
-        if not self.spilled or msg.deliver_at != 0.0 or (msg.priority, msg.id) < self.spill_from:
+        if not (self.spilled and _past((msg,), self.spill_from)):
             return False  # not on disk only: in memory, in flight, or paged in since
         self._taken_out(msg.id)
         self.group.delete_claimed(msg)

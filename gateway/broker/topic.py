@@ -37,9 +37,8 @@ class Topic:
         self.stored_backlog = 0
         self.stored_backlog_delayed = 0  # of which deferred
         # with a paging store, the backlog's memory window: what is past it stays on disk
-        self.window = BacklogWindow(
-            0 if ephemeral or self.store_fans_out else self.journal.pager.window
-        )
+        # (the journal's window is 0 for any other store, and for an ephemeral topic)
+        self.window = BacklogWindow(self.journal.pager.window)
         # this topic's archive recorder; None when archiving is off or leaves it out
         archive = broker.archive
         self.archive = archive.recorder(name) if archive is not None else None

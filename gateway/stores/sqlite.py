@@ -226,25 +226,24 @@ class SQLiteStore(Store):
     def _removed(self, gid: int, messages: Sequence[Message]) -> None:
         # a run of finishes in one group between other records is one record, and its
         # consecutive ids one run (a consumer finishes in about the order of delivery)
-        ops = self._ops
-        if ops and (last := ops[-1])[0] == "E" and last[1] == gid:
-            add_finishes(last[2], messages)
-        else:
-            runs: list[int] = []
-            add_finishes(runs, messages)
-            self._record(("E", gid, runs))
+        add_finishes(self._running("E", gid), messages)
 
     def _delivered(self, gid: int, deliveries: Iterable[Delivery]) -> None:
         # ("AR", gid, [priority, first, last, attempts, ...]): first deliveries and the
         # like, which change a message's attempts only; a run of them in one group is one
         # record, a window of consecutive ids one run of it
+        add_deliveries(self._running("AR", gid), deliveries)
+
+    def _running(self, kind: str, gid: int) -> list[int]:
+        """The runs of the last record if it is a `kind` record of this group (extended
+        in place), else of a new one."""
         ops = self._ops
-        if ops and (last := ops[-1])[0] == "AR" and last[1] == gid:
-            add_deliveries(last[2], deliveries)
-        else:
-            runs: list[int] = []
-            add_deliveries(runs, deliveries)
-            self._record(("AR", gid, runs))
+        if ops and (last := ops[-1])[0] == kind and last[1] == gid:
+            extended: list[int] = last[2]
+            return extended
+        runs: list[int] = []
+        self._record((kind, gid, runs))
+        return runs
 
     def recorder(self, topic: str, group: str) -> GroupRecorder:
         return _Recorder(self, topic, group)

@@ -110,14 +110,9 @@ class Spans:
     __slots__ = ("firsts", "lasts")
 
     def __init__(self, flat: list[int]) -> None:
-        self.firsts: list[int] = []
-        self.lasts: list[int] = []
-        for first, last in sorted(zip(flat[1::3], flat[2::3], strict=True)):
-            if self.lasts and first <= self.lasts[-1] + 1:
-                self.lasts[-1] = max(self.lasts[-1], last)
-            else:
-                self.firsts.append(first)
-                self.lasts.append(last)
+        spans = _merged(list(zip(flat[1::3], flat[2::3], strict=True))) if flat else []
+        self.firsts = [first for first, _ in spans]
+        self.lasts = [last for _, last in spans]
 
     def __contains__(self, i: int) -> bool:
         k = bisect_right(self.firsts, i) - 1

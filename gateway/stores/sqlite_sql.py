@@ -217,6 +217,16 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
     # applied per run of ids (runs.deliver), unless the same run of records changes their
     # group's messages otherwise (a publish into it, a change): then per message, in order
     done: dict[int, runs.Spans] = {}
+
+    def finished(gid: int) -> runs.Spans | None:
+        f = fins.get(gid)
+        if not f:
+            return None
+        spans = done.get(gid)
+        if spans is None:
+            spans = done[gid] = runs.Spans(f)
+        return spans
+
     ranged: dict[int, list[tuple[int, int, int, int]]] = {}
     mixed = {gid for op in ops if op[0] == "P" for gid in op[1]}
     mixed.update(op[1][4] for op in ops if op[0] == "U")
@@ -228,30 +238,20 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
             updates.append(op[1])
         elif kind == "AR":
             gid, flat = op[1], op[2]
-            f = fins.get(gid)
-            spans = None
-            if f:
-                spans = done.get(gid)
-                if spans is None:
-                    spans = done[gid] = runs.Spans(f)
+            spans = finished(gid)
+            if gid in mixed:
+                updates += _deliveries(gid, flat, spans)
+                continue
+            ranges = ranged.setdefault(gid, [])
             for k in range(0, len(flat), 4):
                 p, first, last, a = flat[k : k + 4]
-                if gid not in mixed:
-                    gaps = spans.gaps(first, last) if spans else [(first, last)]
-                    ranged.setdefault(gid, []).extend((p, lo, hi, a) for lo, hi in gaps)
-                    continue
-                ids = spans.outside(first, last) if spans else range(first, last + 1)
-                updates += [(p, a, 0.0, READY, gid, p, i) for i in ids]
+                gaps = spans.gaps(first, last) if spans else [(first, last)]
+                ranges += [(p, lo, hi, a) for lo, hi in gaps]
         elif kind == "A":  # a log written before runs
             gid = op[1]
-            f = fins.get(gid)
-            if f:
-                spans = done.get(gid)
-                if spans is None:
-                    spans = done[gid] = runs.Spans(f)
-                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2] if i not in spans]
-            else:
-                updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in op[2]]
+            spans = finished(gid)
+            rows = op[2] if spans is None else [r for r in op[2] if r[1] not in spans]
+            updates += [(p, a, 0.0, READY, gid, p, i) for p, i, a in rows]
     for gid, ranges in list(ranged.items()):
         ranges.sort(key=_FIRST)
         if any(b[1] <= a[2] for a, b in pairwise(ranges)):
@@ -259,14 +259,21 @@ def _segment(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> i
             del ranged[gid]
             for op in ops:
                 if op[0] == "AR" and op[1] == gid:
-                    spans = done.get(gid)
-                    for k in range(0, len(op[2]), 4):
-                        p, first, last, a = op[2][k : k + 4]
-                        ids = spans.outside(first, last) if spans else range(first, last + 1)
-                        updates += [(p, a, 0.0, READY, gid, p, i) for i in ids]
+                    updates += _deliveries(gid, op[2], done.get(gid))
     if ranged:
         runs.deliver(db, ranged)  # no publish, change or finish here touches these
     return _run(db, puts, updates, fins, done, fence)
+
+
+def _deliveries(gid: int, flat: list[int], spans: runs.Spans | None) -> list[_Update]:
+    """A delivery record's runs as one change per message, those finished in the same run
+    of records (`spans`) left out."""
+    out: list[_Update] = []
+    for k in range(0, len(flat), 4):
+        p, first, last, a = flat[k : k + 4]
+        ids = spans.outside(first, last) if spans else range(first, last + 1)
+        out += [(p, a, 0.0, READY, gid, p, i) for i in ids]
+    return out
 
 
 _FIRST = itemgetter(1)
