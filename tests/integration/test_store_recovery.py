@@ -10,11 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import trio
 
+from gateway.app import Gateway
 from gateway.broker import query
 from tests.helpers import MAGIC, RawBeanstalk, RawNSQ, parse_message, running_gateway
 
@@ -78,6 +81,52 @@ async def consume(
     return got
 
 
+async def stop(proc: trio.Process) -> None:
+    """SIGTERM, and a clean exit within 10 s."""
+    proc.send_signal(signal.SIGTERM)
+    with trio.fail_after(10):
+        assert await proc.wait() == 0
+
+
+@asynccontextmanager
+async def windowed_beanstalk(tmp_path: Path) -> AsyncIterator[tuple[Gateway, RawBeanstalk]]:
+    """A gateway on the durable store with a memory window of 100 ready messages per
+    group, and a beanstalkd connection to it."""
+    async with running_gateway(
+        store=f"sqlite://{tmp_path / 'gateway.db'}",
+        nsq="off",
+        beanstalk="127.0.0.1:0",
+        storage__memory_window=100,
+    ) as gw:
+        bs = await RawBeanstalk.connect(gw)
+        yield gw, bs
+        await bs.aclose()
+
+
+async def put_all(bs: RawBeanstalk, n: int) -> list[int]:
+    """Put jobs "0000" to n - 1 into the tube in use; their ids."""
+    ids = []
+    for i in range(n):
+        reply = await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)
+        assert reply.startswith(b"INSERTED "), reply
+        ids.append(int(reply.split()[1]))
+    return ids
+
+
+async def reserve_all(bs: RawBeanstalk, n: int) -> list[bytes]:
+    """The bodies of the n jobs left in the watched tubes, reserved with `reserve-with-
+    timeout 0` sent in one write (they empty the window faster than any page-in could
+    refill it), one more answering TIMED_OUT."""
+    await bs.send(b"reserve-with-timeout 0\r\n" * (n + 1))
+    bodies = []
+    for _ in range(n):
+        head, body, _ = (await bs.reply()).split(b"\r\n")
+        assert head.startswith(b"RESERVED "), head
+        bodies.append(body)
+    assert await bs.reply() == b"TIMED_OUT\r\n"
+    return bodies
+
+
 async def test_a_torn_log_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     proc, addr, _ = await start(data_dir)
@@ -113,9 +162,7 @@ async def test_a_torn_log_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path)
             assert (await http.post("/pub?topic=t", content=b"after")).status_code == 200
             assert (await http.get("/ready")).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            assert await proc.wait() == 0
+        await stop(proc)
 
 
 async def test_an_id_a_consumer_saw_is_never_handed_out_again(tmp_path: Path) -> None:
@@ -147,9 +194,7 @@ async def test_an_id_a_consumer_saw_is_never_handed_out_again(tmp_path: Path) ->
             for msg_id, got in await consume(addr["nsq"], "t", "c", timeout=0.5, fin=True):
                 bodies_by_id.setdefault(msg_id, set()).add(got)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(10):
-                assert await proc.wait() == 0
+            await stop(proc)
     reused = {i: b for i, b in bodies_by_id.items() if len(b) > 1}
     assert not reused, f"ids handed to two messages: {reused}"
 
@@ -159,19 +204,10 @@ async def test_jobs_past_the_memory_window_are_found_by_their_ids(tmp_path: Path
     store keeps on disk past the memory window answers peek, stats-job, delete and
     reserve-job as one in memory does (they answered NOT_FOUND), and the tube then holds
     each other job exactly once."""
-    async with running_gateway(
-        store=f"sqlite://{tmp_path / 'gateway.db'}",
-        nsq="off",
-        beanstalk="127.0.0.1:0",
-        storage__memory_window=100,
-    ) as gw:
-        bs = await RawBeanstalk.connect(gw)
+    async with windowed_beanstalk(tmp_path) as (_, bs):
         assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"  # the tube's group
         assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
-        ids = []
-        for i in range(300):
-            reply = await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)
-            ids.append(int(reply.split()[1]))
+        ids = await put_all(bs, 300)
         deep, taken, kept = ids[250], ids[260], ids[270]
         assert await bs.call(b"peek %d\r\n" % deep) == b"FOUND %d 4\r\n0250\r\n" % deep
         stats = await bs.call(b"stats-job %d\r\n" % kept)
@@ -182,42 +218,20 @@ async def test_jobs_past_the_memory_window_are_found_by_their_ids(tmp_path: Path
         got = await bs.call(b"reserve-job %d\r\n" % taken)
         assert got == b"RESERVED %d 4\r\n0260\r\n" % taken
         assert await bs.call(b"delete %d\r\n" % taken) == b"DELETED\r\n"
-        await bs.send(b"reserve-with-timeout 0\r\n" * 299)
-        bodies = []
-        for _ in range(298):
-            head, body, _ = (await bs.reply()).split(b"\r\n")
-            assert head.startswith(b"RESERVED "), head
-            bodies.append(body)
-        assert await bs.reply() == b"TIMED_OUT\r\n"
+        bodies = await reserve_all(bs, 298)
         assert bodies == [b"%04d" % i for i in range(300) if i not in (250, 260)]
-        await bs.aclose()
 
 
 async def test_reserve_with_timeout_0_takes_jobs_past_the_memory_window(tmp_path: Path) -> None:
     """Jobs a durable store keeps on disk past the memory window are ready jobs: a
     `reserve-with-timeout 0` gets them (as from beanstalkd, which keeps every job in
     memory), waiting for the page-in instead of answering TIMED_OUT."""
-    async with running_gateway(
-        store=f"sqlite://{tmp_path / 'gateway.db'}",
-        nsq="off",
-        beanstalk="127.0.0.1:0",
-        storage__memory_window=100,
-    ) as gw:
-        bs = await RawBeanstalk.connect(gw)
+    async with windowed_beanstalk(tmp_path) as (_, bs):
         assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
-        for i in range(350):
-            assert (await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)).startswith(b"INSERTED ")
+        await put_all(bs, 350)
         assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
-        # in one write: the reserves empty the window faster than any page-in could refill it
-        await bs.send(b"reserve-with-timeout 0\r\n" * 351)
-        bodies = []
-        for _ in range(350):
-            head, body, _ = (await bs.reply()).split(b"\r\n")
-            assert head.startswith(b"RESERVED "), head
-            bodies.append(body)
-        assert await bs.reply() == b"TIMED_OUT\r\n"
+        bodies = await reserve_all(bs, 350)
         assert bodies == [b"%04d" % i for i in range(350)]
-        await bs.aclose()
 
 
 def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
@@ -252,9 +266,7 @@ async def test_a_topic_without_a_channel_keeps_its_memory_window(tmp_path: Path)
         async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
             assert await topic_stats(http, "t") == (350, 250)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            assert await proc.wait() == 0
+        await stop(proc)
     proc, addr, _ = await start(data_dir, window)
     try:
         async with httpx.AsyncClient(base_url=f"http://{addr['http']}") as http:
@@ -262,26 +274,16 @@ async def test_a_topic_without_a_channel_keeps_its_memory_window(tmp_path: Path)
         got = [body for _, body in await consume(addr["nsq"], "t", "c", fin=True)]
         assert got == bodies
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            assert await proc.wait() == 0
+        await stop(proc)
 
 
 async def test_a_tube_nobody_watches_keeps_its_memory_window(tmp_path: Path) -> None:
     """beanstalkd's view of a tube nobody watches, with most of its jobs on disk past the
     memory window: its counts, peek-ready, a job by id (peek, stats-job, delete), and
     then a worker that watches it reserves every job left, once, in order."""
-    async with running_gateway(
-        store=f"sqlite://{tmp_path / 'gateway.db'}",
-        nsq="off",
-        beanstalk="127.0.0.1:0",
-        storage__memory_window=100,
-    ) as gw:
-        bs = await RawBeanstalk.connect(gw)
+    async with windowed_beanstalk(tmp_path) as (gw, bs):
         assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
-        ids = []
-        for i in range(300):
-            ids.append(int((await bs.call(b"put 0 0 60 4\r\n%04d\r\n" % i)).split()[1]))
+        ids = await put_all(bs, 300)
         stats = await bs.call(b"stats-tube jobs\r\n")
         assert b"\ncurrent-jobs-ready: 300\n" in stats, stats
         view = query.topic(gw.broker, "jobs")
@@ -293,15 +295,8 @@ async def test_a_tube_nobody_watches_keeps_its_memory_window(tmp_path: Path) -> 
         assert await bs.call(b"delete %d\r\n" % deep) == b"DELETED\r\n"
         assert await bs.call(b"peek %d\r\n" % deep) == b"NOT_FOUND\r\n"
         assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
-        await bs.send(b"reserve-with-timeout 0\r\n" * 300)
-        got = []
-        for _ in range(299):
-            head, body, _ = (await bs.reply()).split(b"\r\n")
-            assert head.startswith(b"RESERVED "), head
-            got.append(body)
-        assert await bs.reply() == b"TIMED_OUT\r\n"
+        got = await reserve_all(bs, 299)
         assert got == [b"%04d" % i for i in range(300) if i != 200]
-        await bs.aclose()
 
 
 async def test_emptying_a_topic_drops_its_backlog_on_disk_too(tmp_path: Path) -> None:
@@ -322,14 +317,10 @@ async def test_emptying_a_topic_drops_its_backlog_on_disk_too(tmp_path: Path) ->
         await publisher.send(mpub(b"t", [b"new"]))
         assert await publisher.frame() == (0, b"OK")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            assert await proc.wait() == 0
+        await stop(proc)
     proc, addr, _ = await start(data_dir, window)
     try:
         got = [body for _, body in await consume(addr["nsq"], "t", "c", fin=True)]
         assert got == [b"new"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            assert await proc.wait() == 0
+        await stop(proc)
