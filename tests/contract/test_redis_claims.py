@@ -60,6 +60,19 @@ async def until(predicate: object, timeout: float = 10.0) -> None:
             await trio.sleep(0.01)
 
 
+async def the_rest_come_back(b: Broker, held: Finisher, finished: list[Message]) -> None:
+    """Gateway B delivers exactly what a dead claimer held of group t/c and had not
+    finished, each with its attempts counted (2)."""
+    done = {m.id for m in finished}
+    unfinished = sorted(m.id for m in held.got if m.id not in done)
+    sb = Finisher()
+    b.group("t", "c").attach(sb, 60).set_ready(1000)
+    await until(lambda: len(sb.got) >= len(unfinished))
+    await b.flush()
+    assert sorted(m.id for m in sb.got) == unfinished
+    assert all(m.attempts == 2 for m in sb.got)
+
+
 async def test_two_gateways_share_a_channel_exactly_once(redis_url: str, tmp_path: Path) -> None:
     async with gateway(redis_url, tmp_path) as a, gateway(redis_url, tmp_path) as b:
         ga, gb = a.group("t", "c"), b.group("t", "c")
@@ -143,16 +156,7 @@ async def test_a_claim_is_one_entry_and_a_dead_claimers_unfinished_come_back(
                 ga.finish(ca, m.id)
             await a.flush()
             assert cli("HGET", "gw:{t}:held", "c").strip() == str(500 - len(finished))
-        # gateway A died holding the rest
-        done = {m.id for m in finished}
-        unfinished = sorted(m.id for m in held.got if m.id not in done)
-        gb = b.group("t", "c")
-        sb = Finisher()
-        gb.attach(sb, 60).set_ready(1000)
-        await until(lambda: len(sb.got) >= len(unfinished))
-        await b.flush()
-        assert sorted(m.id for m in sb.got) == unfinished
-        assert all(m.attempts == 2 for m in sb.got)
+        await the_rest_come_back(b, held, finished)  # gateway A died holding the rest
         # every message finished now: no claim, no batch, nothing counted as held
         assert cli("EXISTS", "gw:{t}:c:c", "gw:{t}:e:c", "gw:{t}:m", "gw:{t}:x").strip() == "0"
         assert cli("HGET", "gw:{t}:held", "c").strip() in ("", "0")
@@ -309,16 +313,7 @@ async def test_finishing_every_other_message_of_a_claim_costs_one_bitmap_write(
             assert command_calls(redis_server, "setrange") - before == 1
             assert cli("HGET", "gw:{t}:held", "c").strip() == "200"
             assert cli("HGET", "gw:{t}:n", held.got[0].id.to_bytes(8).hex()).strip() == "200"
-        # A died holding the other half: B delivers exactly those, attempts counted
-        done = {m.id for m in finished}
-        unfinished = sorted(m.id for m in held.got if m.id not in done)
-        gb = b.group("t", "c")
-        sb = Finisher()
-        gb.attach(sb, 60).set_ready(1000)
-        await until(lambda: len(sb.got) >= len(unfinished))
-        await b.flush()
-        assert sorted(m.id for m in sb.got) == unfinished
-        assert all(m.attempts == 2 for m in sb.got)
+        await the_rest_come_back(b, held, finished)  # A died holding the other half
         assert cli("EXISTS", "gw:{t}:c:c", "gw:{t}:m", "gw:{t}:x").strip() == "0"
 
 
