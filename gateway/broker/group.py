@@ -516,6 +516,9 @@ class Group:
             heapify(deferred)
         else:
             self.ready.remove(msg)
+            # out of the memory window as a delivery takes one: what waits on disk past
+            # it comes in (a tube emptied by delete of one ready job after another)
+            self.queue.refill(False)
         return msg
 
     # -- dead letters ----------------------------------------------------------

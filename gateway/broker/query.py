@@ -458,8 +458,11 @@ async def first(broker: Broker, view: View, state: State, limit: int) -> list[Me
     if where is None:
         here = [_copy(m) for m in _first_here(view, state, limit)]
         # memory holds the most urgent of a backlog; past its window, the rest is on disk
-        spilled = isinstance(view, Topic) and view.window.spilled
-        if spilled and state == "ready" and len(here) < limit:
+        if state != "ready" or len(here) >= limit:
+            return here
+        if isinstance(view, Group):  # after every one in memory: those past its window
+            return here + [_copy(m) for m in await view.queue.spilled_first(limit - len(here))]
+        if view.window.spilled:
             ids = {m.id for m in here}
             disk = [m for m in await broker.journal.load_backlog(view, limit) if m.id not in ids]
             here = heapq.nsmallest(limit, [*here, *disk], key=_urgency)

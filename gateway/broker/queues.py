@@ -105,6 +105,11 @@ class Queue(abc.ABC):
         """beanstalkd reserve-job of a message found in the store, for `consumer`."""
         return None
 
+    async def spilled_first(self, limit: int) -> list[Message]:
+        """The first `limit` ready messages on disk only, past the memory window, in the
+        order they leave (a paging store's; every one in memory leaves before them)."""
+        return []
+
     async def delete_stored(self, msg_id: int) -> bool:
         """beanstalkd delete of a message found in the store."""
         return False
@@ -357,6 +362,25 @@ class LocalQueue(Queue):
         if msg_id in self._gone or msg_id in group.in_flight or group.find(msg_id) is not None:
             return None
         return msg
+
+    async def spilled_first(self, limit: int) -> list[Message]:
+        group = self.group
+        if not self.spilled or limit <= 0:
+            return []
+        generation = self._generation
+        # a message in flight is on disk as ready (its record counts the delivery): read
+        # past as many as there are, as a page-in does
+        held = len(group.in_flight) + len(self._gone)
+        try:
+            rows = await group.journal.load(group, self.spill_from, limit + held)
+        except StoreUnavailable as exc:
+            log.error("topic %s group %s: reading the disk part failed: %s",
+                      group.topic.name, group.name, exc)  # fmt: skip
+            return []
+        if generation != self._generation or group.deleted:
+            return []
+        busy = self._gone
+        return [m for m in rows if m.id not in group.in_flight and m.id not in busy][:limit]
 
     async def take_stored(self, consumer: Consumer, msg_id: int) -> Message | None:
         msg = await self.spilled_message(msg_id)

@@ -234,6 +234,29 @@ async def test_reserve_with_timeout_0_takes_jobs_past_the_memory_window(tmp_path
         assert bodies == [b"%04d" % i for i in range(350)]
 
 
+async def test_a_tube_purged_by_peek_ready_and_delete_is_emptied_past_the_window(
+    tmp_path: Path,
+) -> None:
+    """The usual way to empty a tube without reserving: `peek-ready`, `delete` that id,
+    until NOT_FOUND. Deleting ready jobs by id takes them out of the memory window as
+    reserving does, and the window must be refilled from disk the same way (it was not:
+    peek-ready answered NOT_FOUND once the window was empty, and a reserve waited for ever
+    on a tube that still held 250 jobs)."""
+    async with windowed_beanstalk(tmp_path) as (_, bs):
+        assert await bs.call(b"use jobs\r\n") == b"USING jobs\r\n"
+        assert await bs.call(b"watch jobs\r\n") == b"WATCHING 2\r\n"
+        ids = await put_all(bs, 350)
+        deleted = []
+        with trio.fail_after(30):
+            while (reply := await bs.call(b"peek-ready\r\n")) != b"NOT_FOUND\r\n":
+                job = int(reply.split()[1])
+                assert await bs.call(b"delete %d\r\n" % job) == b"DELETED\r\n"
+                deleted.append(job)
+        assert deleted == ids
+        stats = await bs.call(b"stats-tube jobs\r\n")
+        assert b"\ncurrent-jobs-ready: 0\n" in stats, stats
+
+
 def mpub(topic: bytes, bodies: list[bytes]) -> bytes:
     payload = len(bodies).to_bytes(4, "big") + b"".join(
         len(b).to_bytes(4, "big") + b for b in bodies
