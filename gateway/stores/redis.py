@@ -564,6 +564,12 @@ class RedisStore(SharedStore):
             raise StoreError(f"{self.where}: {exc}") from exc
         return unpack_flat(topic, flat)
 
+    async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:
+        """A ready message past a group's memory window, by id (beanstalkd's peek, delete
+        and reserve-job of a job however deep its tube is): the shared mode's lookup."""
+        found = await self.reads.find([(topic, [group])], msg_id)
+        return found.message if found is not None and found.state == "ready" else None
+
     async def claim(
         self, topic: str, group: str, n: int, lease: float = CLAIM_LEASE
     ) -> tuple[list[Message], float, int]:
