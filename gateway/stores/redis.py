@@ -213,9 +213,13 @@ class RedisStore(SharedStore):
                 topic.groups[raw_group.decode()] = StoredGroup(raw_group.decode(), g_paused == b"1")
             return topic
         size = window if window > 0 else -1
-        if not self.shares:
-            backlog = await client.fcall("gw_snapshot", [p], ["", -1])
-            topic.backlog = unpack_flat(name, backlog[1])
+        # the backlog as a group's queue: the first `window` ready ones, the rest counted,
+        # and every deferred one (due times kept)
+        spilled, ready, deferred, _buried, _claimed = await client.fcall(
+            "gw_snapshot", [p], ["", size]
+        )
+        topic.spilled = int(spilled)
+        topic.backlog = unpack_flat(name, ready) + unpack_flat(name, deferred, with_due=True)
         for raw_group, g_paused in sorted(groups.items()):
             gname = raw_group.decode()
             snap = await client.fcall("gw_snapshot", [p], [gname, size])
