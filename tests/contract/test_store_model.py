@@ -46,6 +46,7 @@ class Held:
     buried: dict[int, int] = field(default_factory=dict)
     deferred: dict[int, int] = field(default_factory=dict)  # due in an hour: until kicked
     deliveries: dict[int, int] = field(default_factory=dict)
+    paused: bool = False
 
     def most_urgent(self) -> int:
         return min(self.ready, key=lambda i: (self.ready[i], i))
@@ -55,6 +56,7 @@ class Held:
 class Model:
     backlog: dict[int, int] = field(default_factory=dict)  # before any group: ready
     backlog_deferred: dict[int, int] = field(default_factory=dict)
+    paused: bool = False  # the topic: what is published waits in its backlog
     groups: dict[str, Held] = field(default_factory=dict)
     bodies: dict[int, bytes] = field(default_factory=dict)
 
@@ -81,6 +83,8 @@ steps = st.one_of(
     st.tuples(st.just("empty"), st.sampled_from(GROUPS)),
     st.tuples(st.just("empty-topic")),
     st.tuples(st.just("drop-topic")),
+    st.tuples(st.sampled_from(("pause", "unpause")), st.sampled_from(GROUPS)),
+    st.tuples(st.sampled_from(("pause-topic", "unpause-topic"))),
     st.tuples(st.just("restart"), st.booleans()),
 )
 
@@ -151,10 +155,11 @@ class Run:
             bodies = [b"m%d" % (first + k) for k in range(n)]
             msgs, _ = b.publish("t", bodies, priority=priority, delay=HOUR if delayed else 0)
             await b.flush()
+            held = [] if model.paused else list(model.groups.values())
             if delayed:
-                into = [h.deferred for h in model.groups.values()] or [model.backlog_deferred]
+                into = [h.deferred for h in held] or [model.backlog_deferred]
             else:
-                into = [h.ready for h in model.groups.values()] or [model.backlog]
+                into = [h.ready for h in held] or [model.backlog]
             for m in msgs:
                 model.bodies[m.id] = m.body
                 for queue in into:
@@ -174,13 +179,31 @@ class Run:
                 model.groups.clear()
                 model.backlog.clear()
                 model.backlog_deferred.clear()
+                model.paused = False
                 await b.flush()
+            return
+        if kind in ("pause-topic", "unpause-topic"):  # nsqd: the channels keep theirs
+            topic = b.topic("t")
+            assert topic is not None
+            if kind == "pause-topic":
+                topic.pause()
+                model.paused = True
+            else:
+                topic.unpause()
+                model.paused = False
+                if model.groups:  # each group gets what waited
+                    for h in model.groups.values():
+                        h.ready.update(model.backlog)
+                        h.deferred.update(model.backlog_deferred)
+                    model.backlog.clear()
+                    model.backlog_deferred.clear()
+            await b.flush()
             return
         name = step[1]
         if kind == "group":
             if name not in model.groups:
                 held = model.groups[name] = Held()
-                if len(model.groups) == 1:  # the first group takes the topic's backlog
+                if len(model.groups) == 1 and not model.paused:  # the first takes the backlog
                     held.ready, model.backlog = model.backlog, {}
                     held.deferred, model.backlog_deferred = model.backlog_deferred, {}
                 b.group("t", name)
@@ -189,7 +212,16 @@ class Run:
         if held is None:
             return
         g = b.group("t", name)
-        if kind == "deliver":
+        if kind in ("pause", "unpause"):
+            if kind == "pause":
+                g.pause()
+            else:
+                g.unpause()
+            held.paused = kind == "pause"
+            await b.flush()
+        elif kind == "deliver":
+            if held.paused:
+                return
             c, sink = self.consumer(name)
             for _ in range(min(step[2], len(held.ready))):
                 want = held.most_urgent()
@@ -275,20 +307,23 @@ class Run:
             assert not model.groups and not model.backlog and not model.backlog_deferred
             return
         assert sorted(t.groups) == sorted(model.groups)
-        if not model.groups:
-            assert t.depth == len(model.backlog) + len(model.backlog_deferred)
+        assert t.depth == len(model.backlog) + len(model.backlog_deferred)
+        assert t.paused == model.paused
         for name, held in model.groups.items():
             g = t.groups[name]
             assert g.depth == len(held.ready), name
             assert sorted(g.in_flight) == sorted(held.in_flight), name
             assert sorted(g.buried) == sorted(held.buried), name
             assert sorted(i for _, i, _ in g.deferred) == sorted(held.deferred), name
+            assert g.paused == held.paused, name
             in_memory = {m.id: m.priority for m in g.ready}
             assert {i: held.ready.get(i) for i in in_memory} == in_memory, name
 
     async def drain(self, model: Model) -> None:
         """Every ready message comes out once, in order, whatever is left on disk."""
         for name, held in model.groups.items():
+            if held.paused:
+                await self.do(model, ("unpause", name))
             while held.ready:
                 await self.do(model, ("deliver", name, len(held.ready)))
             g = self.broker.group("t", name)  # type: ignore[union-attr]
