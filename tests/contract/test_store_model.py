@@ -25,7 +25,7 @@ import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.broker import Broker
+from gateway.broker import Broker, query
 from gateway.broker.members import Consumer, Outcome
 from gateway.stores import MemoryStore, SQLiteStore, Store, open_store
 from tests.redis_server import RedisServer
@@ -318,6 +318,10 @@ class Run:
             assert g.paused == held.paused, name
             in_memory = {m.id: m.priority for m in g.ready}
             assert {i: held.ready.get(i) for i in in_memory} == in_memory, name
+            # beanstalkd's peek-ready: the most urgent, in memory or past the window
+            head = await query.peek(b, g, "ready")
+            want = min(held.ready, key=lambda i: (held.ready[i], i)) if held.ready else None
+            assert (head and head.id) == want, name
 
     async def drain(self, model: Model) -> None:
         """Every ready message comes out once, in order, whatever is left on disk."""
