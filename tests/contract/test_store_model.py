@@ -90,26 +90,22 @@ steps = st.one_of(
 
 
 class Run:
-    """A broker on the store under test, run in a nursery of its own, restarted at will;
-    one consumer per group (RDY 0 between deliveries, so that nothing arrives unasked)."""
+    """A broker on the store under test, restarted at will, stopped as the gateway stops
+    it (its tasks first, then the store); one consumer per group (RDY 0 between
+    deliveries, so that nothing arrives unasked)."""
 
     def __init__(self, make: Callable[[], Store]) -> None:
         self.make = make
         self.store = make()
         self.broker: Broker | None = None
-        self.nursery: trio.Nursery | None = None
+        self.tasks = trio.CancelScope()  # the broker's own: its pager
         self.sinks: dict[str, Collector] = {}
         self.consumers: dict[str, Consumer] = {}
 
     async def run(self, model: Model, todo: list[Step]) -> None:
-        while True:
-            async with trio.open_nursery() as nursery:
-                self.nursery = nursery
-                self.broker = Broker(self.store, memory_window=WINDOW)
-                await self.broker.open()
-                await nursery.start(self.broker.run)
-                self.sinks.clear()
-                self.consumers.clear()
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self.start(nursery)
                 await self.check(model)
                 while todo:
                     step = todo.pop(0)
@@ -121,21 +117,32 @@ class Run:
                     await self.check(model)
                 else:
                     await self.drain(model)
-                    await self.broker.close()
-                    nursery.cancel_scope.cancel()
+                    await self.stop(clean=True)
                     return
-            self.store = self.make()
+                self.store = self.make()
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        broker = self.broker = Broker(self.store, memory_window=WINDOW)
+        await broker.open()
+        self.sinks.clear()
+        self.consumers.clear()
+
+        async def run(task_status: trio.TaskStatus[None]) -> None:
+            with trio.CancelScope() as self.tasks:
+                await broker.run(task_status=task_status)
+
+        await nursery.start(run)
 
     async def stop(self, *, clean: bool) -> None:
-        assert self.broker is not None and self.nursery is not None
+        assert self.broker is not None
+        self.tasks.cancel()
         if clean:
-            await self.broker.close()  # closes the store
+            await self.broker.close()  # what is in flight ready again; closes the store
         else:
-            # the broker never stops (nothing in flight is handed back), the store lets go
-            # of its file; a real kill -9 and a torn log: the integration tests' SIGKILLs
+            # nothing in flight is handed back; the store lets go of its file (a real
+            # kill -9 and a torn log: the integration tests' SIGKILLs)
             await self.broker.flush()
             await self.store.close()
-        self.nursery.cancel_scope.cancel()
 
     def consumer(self, name: str) -> tuple[Consumer, Collector]:
         assert self.broker is not None
@@ -352,6 +359,12 @@ def _sqlite(tmp: Path, request: pytest.FixtureRequest) -> Callable[[], Store]:
     return lambda: SQLiteStore(tmp / "gateway.db")
 
 
+def _sqlite_always(tmp: Path, request: pytest.FixtureRequest) -> Callable[[], Store]:
+    """fsync = "always": a flush waits for the fsync that covers it (group commit), where
+    the default policy's returns once the log is written."""
+    return lambda: SQLiteStore(tmp / "gateway.db", fsync="always")
+
+
 def _redis(tmp: Path, request: pytest.FixtureRequest) -> Callable[[], Store]:
     """One gateway owning a Redis database (shared=no): it pages a window in too."""
     server: RedisServer = request.getfixturevalue("redis_server")
@@ -360,7 +373,7 @@ def _redis(tmp: Path, request: pytest.FixtureRequest) -> Callable[[], Store]:
     return lambda: open_store(url, tmp)
 
 
-STORES = {"memory": _memory, "sqlite": _sqlite, "redis": _redis}
+STORES = {"memory": _memory, "sqlite": _sqlite, "sqlite-always": _sqlite_always, "redis": _redis}
 
 
 @pytest.mark.parametrize("store", sorted(STORES))
