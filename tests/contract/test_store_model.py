@@ -138,11 +138,12 @@ class Run:
         self.tasks.cancel()
         if clean:
             await self.broker.close()  # what is in flight ready again; closes the store
-        else:
-            # nothing in flight is handed back; the store lets go of its file (a real
-            # kill -9 and a torn log: the integration tests' SIGKILLs)
+        else:  # as after kill -9 once the last commit is written: nothing handed back
             await self.broker.flush()
-            await self.store.close()
+            if isinstance(self.store, SQLiteStore):
+                await killed(self.store)
+            else:
+                await self.store.close()
 
     def consumer(self, name: str) -> tuple[Consumer, Collector]:
         assert self.broker is not None
@@ -339,6 +340,17 @@ class Run:
                 await self.do(model, ("deliver", name, len(held.ready)))
             g = self.broker.group("t", name)  # type: ignore[union-attr]
             assert g.depth == 0
+
+
+async def killed(store: SQLiteStore) -> None:
+    """What a killed gateway leaves of its durable store: the log as written, the index as
+    far as it had applied it (the next start replays the rest), the file lock let go."""
+    await store._worker.run(store._close_sync, False)
+    store._worker.stop()
+    store._fsyncs.stop()
+    if store._lock_fd is not None:
+        os.close(store._lock_fd)
+        store._lock_fd = None
 
 
 def restarted(model: Model) -> None:
