@@ -291,6 +291,11 @@ class LocalQueue(Queue):
         if self.spilled and not self._paging and len(self.group.ready) <= self.window // 2:
             self.pager.want(self)
 
+    def starving(self) -> None:
+        # a consumer waits and memory holds nothing ready: whatever emptied it, what is on
+        # disk comes in (a safety net; every path that takes messages out refills)
+        self.refill(True)
+
     def push_ready(self, msg: Message) -> bool:
         if self.spilled and self._spills((msg.priority, msg.id), 0):
             return False
