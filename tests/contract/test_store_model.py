@@ -1,11 +1,13 @@
 """The broker over a paging store against a model of the queue, with restarts: hypothesis
-draws a sequence of what clients do to one topic (publish into it with or without groups,
-add a group, deliver, finish, requeue with another priority, bury, kick, delete and
-reserve by id, drop a group, restart with or without the broker's clean stop), runs it
-on a broker whose memory window is 3 messages, and checks after every step that each
-group holds exactly what the model says, in each state, and that every delivery is the
-most urgent ready message with its attempts counted. So every message crosses the window
-and the disk in every order the draw finds.
+draws a sequence of what clients do to two topics (publish with or without groups and
+delays; add, drop, empty and pause groups; pause, empty and drop a topic; deliver,
+finish, requeue with another priority or a delay, bury, kick, delete and reserve by id;
+restart with or without the broker's clean stop), runs it on a broker whose memory
+window is 3 messages, and checks after every step that each group holds exactly what the
+model says, in each state, and that every delivery is the most urgent ready message with
+its attempts counted. So every message crosses the window and the disk in every order
+the draw finds, and single publishes into the two topics interleave their ids (a durable
+store joins them into batches with holes for the other topic's ids).
 
 The model is beanstalkd's and nsqd's contract as a client sees it: a group delivers in
 (priority, id) order, the first group takes what the topic held before it, a later group
@@ -33,6 +35,9 @@ from tests.unit.test_broker import Collector
 
 WINDOW = 3
 HOUR = 3600.0  # a delay nothing in a run waits out: delayed until kicked
+# two topics: ids are the gateway's, so publishes into one and the other interleave (a
+# durable store joins single publishes into batches with holes for the other's ids)
+TOPICS = ("t", "u")
 GROUPS = ("a", "b")
 PRIORITIES = (0, 1024, 2000)
 
@@ -53,12 +58,17 @@ class Held:
 
 
 @dataclass
-class Model:
+class Topic:
     backlog: dict[int, int] = field(default_factory=dict)  # before any group: ready
     backlog_deferred: dict[int, int] = field(default_factory=dict)
-    paused: bool = False  # the topic: what is published waits in its backlog
+    paused: bool = False  # what is published waits in its backlog
     groups: dict[str, Held] = field(default_factory=dict)
-    bodies: dict[int, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class Model:
+    topics: dict[str, Topic] = field(default_factory=lambda: {t: Topic() for t in TOPICS})
+    bodies: dict[int, bytes] = field(default_factory=dict)  # every topic's: ids are global
 
 
 # the steps, as hypothesis draws them
@@ -86,6 +96,7 @@ steps = st.one_of(
     st.tuples(st.sampled_from(("pause", "unpause")), st.sampled_from(GROUPS)),
     st.tuples(st.sampled_from(("pause-topic", "unpause-topic"))),
     st.tuples(st.just("restart"), st.booleans()),
+    st.tuples(st.just("topic"), st.sampled_from(TOPICS)),  # what the next steps act on
 )
 
 
@@ -99,8 +110,10 @@ class Run:
         self.store = make()
         self.broker: Broker | None = None
         self.tasks = trio.CancelScope()  # the broker's own: its pager
-        self.sinks: dict[str, Collector] = {}
-        self.consumers: dict[str, Consumer] = {}
+        self.stopped = trio.Event()  # set once they are over
+        self.at = TOPICS[0]  # the topic the steps act on
+        self.sinks: dict[tuple[str, str], Collector] = {}
+        self.consumers: dict[tuple[str, str], Consumer] = {}
 
     async def run(self, model: Model, todo: list[Step]) -> None:
         async with trio.open_nursery() as nursery:
@@ -127,15 +140,19 @@ class Run:
         self.sinks.clear()
         self.consumers.clear()
 
+        done = self.stopped = trio.Event()
+
         async def run(task_status: trio.TaskStatus[None]) -> None:
             with trio.CancelScope() as self.tasks:
                 await broker.run(task_status=task_status)
+            done.set()
 
         await nursery.start(run)
 
     async def stop(self, *, clean: bool) -> None:
         assert self.broker is not None
         self.tasks.cancel()
+        await self.stopped.wait()  # as the gateway does: its tasks are over, then the store
         if clean:
             await self.broker.close()  # what is in flight ready again; closes the store
         else:  # as after kill -9 once the last commit is written: nothing handed back
@@ -147,21 +164,26 @@ class Run:
 
     def consumer(self, name: str) -> tuple[Consumer, Collector]:
         assert self.broker is not None
-        c = self.consumers.get(name)
+        key = (self.at, name)
+        c = self.consumers.get(key)
         if c is None:
-            sink = self.sinks[name] = Collector()
-            c = self.consumers[name] = self.broker.group("t", name).attach(sink, 3600)
-        return c, self.sinks[name]
+            sink = self.sinks[key] = Collector()
+            c = self.consumers[key] = self.broker.group(self.at, name).attach(sink, 3600)
+        return c, self.sinks[key]
 
-    async def do(self, model: Model, step: Step) -> None:
+    async def do(self, whole: Model, step: Step) -> None:
         b = self.broker
         assert b is not None
         kind = step[0]
+        if kind == "topic":
+            self.at = step[1]
+            return
+        model = whole.topics[self.at]
         if kind == "publish":
             _, n, priority, delayed = step
-            first = len(model.bodies) + 1
+            first = len(whole.bodies) + 1
             bodies = [b"m%d" % (first + k) for k in range(n)]
-            msgs, _ = b.publish("t", bodies, priority=priority, delay=HOUR if delayed else 0)
+            msgs, _ = b.publish(self.at, bodies, priority=priority, delay=HOUR if delayed else 0)
             await b.flush()
             held = [] if model.paused else list(model.groups.values())
             if delayed:
@@ -169,21 +191,21 @@ class Run:
             else:
                 into = [h.ready for h in held] or [model.backlog]
             for m in msgs:
-                model.bodies[m.id] = m.body
+                whole.bodies[m.id] = m.body
                 for queue in into:
                     queue[m.id] = priority
             return
         if kind == "empty-topic":  # nsqd /topic/empty: the backlog only
-            if "t" in b.topics:
-                b.topics["t"].empty()
+            if self.at in b.topics:
+                b.topics[self.at].empty()
                 model.backlog.clear()
                 model.backlog_deferred.clear()
                 await b.flush()
             return
         if kind == "drop-topic":
-            if b.delete_topic("t"):
-                self.consumers.clear()
-                self.sinks.clear()
+            if b.delete_topic(self.at):
+                for key in [key for key in self.consumers if key[0] == self.at]:
+                    del self.consumers[key], self.sinks[key]
                 model.groups.clear()
                 model.backlog.clear()
                 model.backlog_deferred.clear()
@@ -191,7 +213,7 @@ class Run:
                 await b.flush()
             return
         if kind in ("pause-topic", "unpause-topic"):  # nsqd: the channels keep theirs
-            topic = b.topic("t")
+            topic = b.topic(self.at)
             assert topic is not None
             if kind == "pause-topic":
                 topic.pause()
@@ -214,12 +236,12 @@ class Run:
                 if len(model.groups) == 1 and not model.paused:  # the first takes the backlog
                     held.ready, model.backlog = model.backlog, {}
                     held.deferred, model.backlog_deferred = model.backlog_deferred, {}
-                b.group("t", name)
+                b.group(self.at, name)
             return
         held = model.groups.get(name)
         if held is None:
             return
-        g = b.group("t", name)
+        g = b.group(self.at, name)
         if kind in ("pause", "unpause"):
             if kind == "pause":
                 g.pause()
@@ -244,7 +266,7 @@ class Run:
                     f"group {name} delivered {got.id} (priority {got.priority}), the most"
                     f" urgent ready is {want} (priority {held.ready[want]})"
                 )
-                assert got.body == model.bodies[want]
+                assert got.body == whole.bodies[want]
                 held.deliveries[want] = held.deliveries.get(want, 0) + 1
                 assert got.attempts == held.deliveries[want]
                 held.in_flight[want] = held.ready.pop(want)
@@ -285,7 +307,7 @@ class Run:
             else:
                 c, _ = self.consumer(name)
                 got = await b.take_stored(g, c, msg_id)
-                assert got is not None and (got.id, got.body) == (msg_id, model.bodies[msg_id])
+                assert got is not None and (got.id, got.body) == (msg_id, whole.bodies[msg_id])
                 held.deliveries[msg_id] = held.deliveries.get(msg_id, 0) + 1
                 assert got.attempts == held.deliveries[msg_id]
                 held.in_flight[msg_id] = waiting[msg_id]
@@ -298,48 +320,52 @@ class Run:
             held.deferred.clear()
             await b.flush()
         elif kind == "drop":  # its messages go with it; the name may come back, empty
-            c = self.consumers.pop(name, None)
+            c = self.consumers.pop((self.at, name), None)
             if c is not None:
                 g.detach(c, requeue=False)
-                del self.sinks[name]
-            assert b.topic("t").delete_group(name)  # type: ignore[union-attr]
+                del self.sinks[self.at, name]
+            assert b.topic(self.at).delete_group(name)  # type: ignore[union-attr]
             del model.groups[name]
             await b.flush()
 
-    async def check(self, model: Model) -> None:
+    async def check(self, whole: Model) -> None:
         """Each group's counts are the model's, and so is what it holds in memory."""
         b = self.broker
         assert b is not None
-        t = b.topics.get("t")
-        if t is None:
-            assert not model.groups and not model.backlog and not model.backlog_deferred
-            return
-        assert sorted(t.groups) == sorted(model.groups)
-        assert t.depth == len(model.backlog) + len(model.backlog_deferred)
-        assert t.paused == model.paused
-        for name, held in model.groups.items():
-            g = t.groups[name]
-            assert g.depth == len(held.ready), name
-            assert sorted(g.in_flight) == sorted(held.in_flight), name
-            assert sorted(g.buried) == sorted(held.buried), name
-            assert sorted(i for _, i, _ in g.deferred) == sorted(held.deferred), name
-            assert g.paused == held.paused, name
-            in_memory = {m.id: m.priority for m in g.ready}
-            assert {i: held.ready.get(i) for i in in_memory} == in_memory, name
-            # beanstalkd's peek-ready: the most urgent, in memory or past the window
-            head = await query.peek(b, g, "ready")
-            want = min(held.ready, key=lambda i: (held.ready[i], i)) if held.ready else None
-            assert (head and head.id) == want, name
+        for topic, model in whole.topics.items():
+            t = b.topics.get(topic)
+            if t is None:
+                assert not model.groups and not model.backlog and not model.backlog_deferred
+                continue
+            assert sorted(t.groups) == sorted(model.groups), topic
+            assert t.depth == len(model.backlog) + len(model.backlog_deferred), topic
+            assert t.paused == model.paused, topic
+            for name, held in model.groups.items():
+                where = f"{topic}/{name}"
+                g = t.groups[name]
+                assert g.depth == len(held.ready), where
+                assert sorted(g.in_flight) == sorted(held.in_flight), where
+                assert sorted(g.buried) == sorted(held.buried), where
+                assert sorted(i for _, i, _ in g.deferred) == sorted(held.deferred), where
+                assert g.paused == held.paused, where
+                in_memory = {m.id: m.priority for m in g.ready}
+                assert {i: held.ready.get(i) for i in in_memory} == in_memory, where
+                # beanstalkd's peek-ready: the most urgent, in memory or past the window
+                head = await query.peek(b, g, "ready")
+                want = held.most_urgent() if held.ready else None
+                assert (head and head.id) == want, where
 
-    async def drain(self, model: Model) -> None:
+    async def drain(self, whole: Model) -> None:
         """Every ready message comes out once, in order, whatever is left on disk."""
-        for name, held in model.groups.items():
-            if held.paused:
-                await self.do(model, ("unpause", name))
-            while held.ready:
-                await self.do(model, ("deliver", name, len(held.ready)))
-            g = self.broker.group("t", name)  # type: ignore[union-attr]
-            assert g.depth == 0
+        for topic, model in whole.topics.items():
+            self.at = topic
+            for name, held in model.groups.items():
+                if held.paused:
+                    await self.do(whole, ("unpause", name))
+                while held.ready:
+                    await self.do(whole, ("deliver", name, len(held.ready)))
+                g = self.broker.group(topic, name)  # type: ignore[union-attr]
+                assert g.depth == 0
 
 
 async def killed(store: SQLiteStore) -> None:
@@ -353,11 +379,12 @@ async def killed(store: SQLiteStore) -> None:
         store._lock_fd = None
 
 
-def restarted(model: Model) -> None:
+def restarted(whole: Model) -> None:
     """What a restart gives back: in-flight messages ready again, delivery counted."""
-    for held in model.groups.values():
-        held.ready.update(held.in_flight)
-        held.in_flight.clear()
+    for model in whole.topics.values():
+        for held in model.groups.values():
+            held.ready.update(held.in_flight)
+            held.in_flight.clear()
 
 
 def _memory(tmp: Path, request: pytest.FixtureRequest) -> Callable[[], Store]:
