@@ -66,7 +66,12 @@ def main() -> int:
             )
             out["refused_shown"] = page.inner_text("#login-error")
             page.fill("#login-token", args.token)
-            page.click("#login-submit")
+            # what the token was asked for is retried once it is accepted (the action, or
+            # the first read): wait for that answer, not only for the dialog to close,
+            # which can happen before the retry's response has arrived
+            retried = "/admin/api/state" if args.reads_protected else "/admin/api/empty"
+            with page.expect_response(lambda r: retried in r.url and r.status == 200):
+                page.click("#login-submit")
             page.wait_for_selector("dialog#login", state="hidden")
             page.wait_for_selector(topic_row)
             out["topics_after_token"] = page.eval_on_selector_all(
