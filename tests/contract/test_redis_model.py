@@ -23,39 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.broker import Broker, query
-from gateway.broker.members import Consumer, Outcome
+from gateway.broker.members import Consumer
 from gateway.stores import open_store
+from tests.contract import queue_model
+from tests.contract.queue_model import GROUPS, HOUR, PRIORITIES, Held
 from tests.redis_server import RedisServer
 from tests.unit.test_broker import Collector
 
 GATEWAYS = 2
-GROUPS = ("a", "b")
-PRIORITIES = (0, 1024, 2000)
-HOUR = 3600.0  # a delay nothing in a run waits out: delayed until kicked
-
-
-@dataclass
-class Held:
-    """One group as the model has it: message id -> priority, per state; the gateway that
-    holds each delivered one; deliveries per id."""
-
-    ready: dict[int, int] = field(default_factory=dict)
-    in_flight: dict[int, int] = field(default_factory=dict)
-    holder: dict[int, int] = field(default_factory=dict)
-    buried: dict[int, int] = field(default_factory=dict)
-    deferred: dict[int, int] = field(default_factory=dict)
-    deliveries: dict[int, int] = field(default_factory=dict)
-
-    def state(self, msg_id: int) -> str | None:
-        for name, queue in (
-            ("ready", self.ready),
-            ("reserved", self.in_flight),
-            ("buried", self.buried),
-            ("delayed", self.deferred),
-        ):
-            if msg_id in queue:
-                return name
-        return None
 
 
 @dataclass
@@ -199,23 +174,8 @@ class Run:
 
     async def deliver(self, model: Model, held: Held, at: int, name: str) -> None:
         c, sink = self.gateways[at].consumer(name)
-        want = min(held.ready, key=lambda i: (held.ready[i], i))
-        seen = len(sink.got)
-        c.set_ready(c.in_flight + 1)
-        with trio.fail_after(10):
-            await sink.until(seen + 1)
-        c.set_ready(0)
-        got = sink.got[-1]
-        assert len(sink.got) == seen + 1
-        assert (got.id, got.priority) == (want, held.ready[want]), (
-            f"gateway {at} group {name} delivered {got.id} (priority {got.priority}), the"
-            f" most urgent ready is {want} (priority {held.ready[want]})"
-        )
-        assert got.body == model.bodies[want]
-        held.deliveries[want] = held.deliveries.get(want, 0) + 1
-        assert got.attempts == held.deliveries[want]
-        held.in_flight[want] = held.ready.pop(want)
-        held.holder[want] = at
+        where = f"gateway {at} group {name}"
+        held.holder[await queue_model.deliver(c, sink, held, model.bodies, where)] = at
 
     async def answer(self, model: Model, step: Step) -> None:
         """finish, requeue or bury, by the gateway that holds the message."""
@@ -224,21 +184,9 @@ class Run:
         if held is None or not held.in_flight:
             return
         msg_id = sorted(held.in_flight)[k % len(held.in_flight)]
-        at = held.holder.pop(msg_id)
-        b = self.broker(at)
-        g = b.group("t", name)
-        was = held.in_flight.pop(msg_id)
-        if kind == "finish":
-            outcome = g.finish(None, msg_id)
-        elif kind == "requeue":
-            _, _, _, priority, delayed = step
-            outcome = g.requeue(None, msg_id, HOUR if delayed else 0.0, priority)
-            into = held.deferred if delayed else held.ready
-            into[msg_id] = was if priority is None else priority
-        else:
-            outcome = g.bury(None, msg_id)
-            held.buried[msg_id] = was
-        assert outcome is Outcome.OK
+        b = self.broker(held.holder.pop(msg_id))
+        priority, delayed = step[3:] if kind == "requeue" else (None, False)
+        queue_model.answer(b.group("t", name), held, kind, msg_id, priority, delayed)
         await b.flush()
 
     async def by_id(self, model: Model, step: Step) -> None:
@@ -249,30 +197,13 @@ class Run:
             return
         b = self.broker(at)
         g = b.group("t", name)
-        if kind == "kick":  # beanstalkd: the buried ones, or if none the delayed ones
-            kicked = await b.kick(g, 1000)
-            moved = held.buried or held.deferred
-            assert kicked == len(moved)
-            held.ready.update(moved)
-            moved.clear()
-            await b.flush()
-            return
-        waiting = {**held.ready, **held.buried, **held.deferred}
-        if not waiting:
-            return
-        msg_id = sorted(waiting)[step[3] % len(waiting)]
-        for queue in (held.ready, held.buried, held.deferred):
-            queue.pop(msg_id, None)
-        if kind == "delete":
-            assert await b.delete_stored(g, msg_id)
+        if kind == "kick":
+            await queue_model.kick(b, g, held)
         else:
-            c, _ = self.gateways[at].consumer(name)
-            got = await b.take_stored(g, c, msg_id)
-            assert got is not None and (got.id, got.body) == (msg_id, model.bodies[msg_id])
-            held.deliveries[msg_id] = held.deliveries.get(msg_id, 0) + 1
-            assert got.attempts == held.deliveries[msg_id]
-            held.in_flight[msg_id] = waiting[msg_id]
-            held.holder[msg_id] = at
+            c = self.gateways[at].consumer(name)[0] if kind == "take" else None
+            taken = await queue_model.by_id(b, g, held, kind, step[3], c, model.bodies)
+            if taken is not None and kind == "take":
+                held.holder[taken] = at
         await b.flush()
 
     async def check(self, model: Model) -> None:

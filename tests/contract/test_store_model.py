@@ -28,33 +28,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.broker import Broker, query
-from gateway.broker.members import Consumer, Outcome
+from gateway.broker.members import Consumer
 from gateway.stores import MemoryStore, SQLiteStore, Store, open_store
+from tests.contract import queue_model
+from tests.contract.queue_model import GROUPS, HOUR, PRIORITIES, Held
 from tests.redis_server import RedisServer
 from tests.unit.test_broker import Collector
 
 WINDOW = 3
-HOUR = 3600.0  # a delay nothing in a run waits out: delayed until kicked
 # two topics: ids are the gateway's, so publishes into one and the other interleave (a
 # durable store joins single publishes into batches with holes for the other's ids)
 TOPICS = ("t", "u")
-GROUPS = ("a", "b")
-PRIORITIES = (0, 1024, 2000)
-
-
-@dataclass
-class Held:
-    """One group as the model has it: message id -> priority, per state; deliveries per id."""
-
-    ready: dict[int, int] = field(default_factory=dict)
-    in_flight: dict[int, int] = field(default_factory=dict)
-    buried: dict[int, int] = field(default_factory=dict)
-    deferred: dict[int, int] = field(default_factory=dict)  # due in an hour: until kicked
-    deliveries: dict[int, int] = field(default_factory=dict)
-    paused: bool = False
-
-    def most_urgent(self) -> int:
-        return min(self.ready, key=lambda i: (self.ready[i], i))
 
 
 @dataclass
@@ -254,63 +238,20 @@ class Run:
                 return
             c, sink = self.consumer(name)
             for _ in range(min(step[2], len(held.ready))):
-                want = held.most_urgent()
-                seen = len(sink.got)
-                c.set_ready(c.in_flight + 1)
-                with trio.fail_after(10):
-                    await sink.until(seen + 1)
-                c.set_ready(0)
-                got = sink.got[-1]
-                assert len(sink.got) == seen + 1
-                assert (got.id, got.priority) == (want, held.ready[want]), (
-                    f"group {name} delivered {got.id} (priority {got.priority}), the most"
-                    f" urgent ready is {want} (priority {held.ready[want]})"
-                )
-                assert got.body == whole.bodies[want]
-                held.deliveries[want] = held.deliveries.get(want, 0) + 1
-                assert got.attempts == held.deliveries[want]
-                held.in_flight[want] = held.ready.pop(want)
+                await queue_model.deliver(c, sink, held, whole.bodies, f"group {self.at}/{name}")
         elif kind in ("finish", "requeue", "bury"):
             if not held.in_flight:
                 return
             msg_id = sorted(held.in_flight)[step[2] % len(held.in_flight)]
-            if kind == "finish":
-                outcome = g.finish(None, msg_id)
-                del held.in_flight[msg_id]
-            elif kind == "requeue":
-                _, _, _, priority, delayed = step
-                outcome = g.requeue(None, msg_id, HOUR if delayed else 0.0, priority)
-                was = held.in_flight.pop(msg_id)
-                into = held.deferred if delayed else held.ready
-                into[msg_id] = was if priority is None else priority
-            else:
-                outcome = g.bury(None, msg_id)
-                held.buried[msg_id] = held.in_flight.pop(msg_id)
-            assert outcome is Outcome.OK
+            priority, delayed = step[3:] if kind == "requeue" else (None, False)
+            queue_model.answer(g, held, kind, msg_id, priority, delayed)
             await b.flush()
-        elif kind == "kick":  # beanstalkd: the buried ones, or if none the delayed ones
-            kicked = await b.kick(g, 1000)
-            moved = held.buried or held.deferred
-            assert kicked == len(moved)
-            held.ready.update(moved)
-            moved.clear()
+        elif kind == "kick":
+            await queue_model.kick(b, g, held)
             await b.flush()
         elif kind in ("delete", "take"):  # beanstalkd delete, reserve-job: by id, any state
-            waiting = {**held.ready, **held.buried, **held.deferred}
-            if not waiting:
-                return
-            msg_id = sorted(waiting)[step[2] % len(waiting)]
-            for queue in (held.ready, held.buried, held.deferred):
-                queue.pop(msg_id, None)
-            if kind == "delete":
-                assert await b.delete_stored(g, msg_id)
-            else:
-                c, _ = self.consumer(name)
-                got = await b.take_stored(g, c, msg_id)
-                assert got is not None and (got.id, got.body) == (msg_id, whole.bodies[msg_id])
-                held.deliveries[msg_id] = held.deliveries.get(msg_id, 0) + 1
-                assert got.attempts == held.deliveries[msg_id]
-                held.in_flight[msg_id] = waiting[msg_id]
+            c = self.consumer(name)[0] if kind == "take" else None
+            await queue_model.by_id(b, g, held, kind, step[2], c, whole.bodies)
             await b.flush()
         elif kind == "empty":  # nsqd /channel/empty: every message, in flight too
             g.empty()
