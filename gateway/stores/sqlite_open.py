@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.model import Message
 from gateway.stores import sqlite_read as read
 from gateway.stores import sqlite_segments as segs
 from gateway.stores import sqlite_sql as sql
@@ -172,6 +173,17 @@ class Recovered:
     entries: int = 0  # entries on disk
 
 
+def _queued(
+    db: sqlite3.Connection, bodies: Bodies, topic: str, gid: int, limit: int
+) -> tuple[list[Message], int]:
+    """A group's (or a backlog's) first `limit` ready messages in (priority, id) order
+    (all with -1) and every deferred one; how many ready ones are left on disk."""
+    ready = read.select_ready(db, bodies, topic, gid, MIN_KEY, limit)
+    spilled = read.count_ready(db, gid) - len(ready)
+    ready += read.select(db, bodies, topic, "grp = ? AND state = 0 AND due > 0", (gid,))
+    return ready, spilled
+
+
 def recover(db: sqlite3.Connection, bodies: Bodies, window: int) -> Recovered:
     """Topics, groups and pause states; per group the first `window` ready messages in
     (priority, id) order (all with 0), the count of the rest, every deferred and every
@@ -201,17 +213,12 @@ def recover(db: sqlite3.Connection, bodies: Bodies, window: int) -> Recovered:
         limit = window if window > 0 else -1
         if name is None:
             t.backlog = gid
-            backlog = read.select_ready(db, bodies, topic_name, gid, MIN_KEY, limit)
-            st.spilled = read.count_ready(db, gid) - len(backlog)
-            backlog += read.select(db, bodies, topic_name, "grp = ? AND due > 0", (gid,))
+            backlog, st.spilled = _queued(db, bodies, topic_name, gid, limit)
             st.backlog = sorted(backlog, key=lambda m: m.id)
             continue
         t.groups[name] = gid
         sg = st.groups[name] = StoredGroup(name, bool(paused))
-        ready = read.count_ready(db, gid)
-        sg.ready = read.select_ready(db, bodies, topic_name, gid, MIN_KEY, limit)
-        sg.spilled = ready - len(sg.ready)
-        sg.ready += read.select(db, bodies, topic_name, "grp = ? AND state = 0 AND due > 0", (gid,))
+        sg.ready, sg.spilled = _queued(db, bodies, topic_name, gid, limit)
         sg.buried = read.select(db, bodies, topic_name, "grp = ? AND state = 1", (gid,), by_id=True)
     found.entries = read.count_all(db)
     return found
