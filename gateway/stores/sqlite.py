@@ -29,9 +29,9 @@ import os
 import sqlite3
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import trio
 
@@ -64,6 +64,7 @@ from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
 
 log = logging.getLogger("gateway.store")
+T = TypeVar("T")  # what a read on the index's thread returns
 
 FsyncPolicy = Literal["always", "never"] | int
 
@@ -557,32 +558,26 @@ class SQLiteStore(Store):
                 raise self.failed
 
     async def load(self, topic: str, group: str, after: Key, limit: int) -> list[Message]:
-        # what was spilled may be only in the log so far: the read must see its put, and
-        # the finish of a message in memory that sorts after the spilled ones (a less
-        # urgent one delivered before they came) must keep the read from loading it again
-        await self.caught_up()
-        gid = self._read_gid(topic, group)
-        if gid is None:
-            return []
-        db = self._db
-        assert db is not None
-        return await self._worker.run(read.select_ready, db, self._bodies, topic, gid, after, limit)
-
-    def _read_gid(self, topic: str, group: str) -> int | None:
-        """The index's id of a group, or of the topic's backlog for group "" (reads)."""
-        t = self._topics.get(topic)
-        if t is None:
-            return None
-        return t.backlog if group == "" else t.groups.get(group)
+        got = await self._read(topic, group, read.select_ready, after, limit)
+        return got or []
 
     async def find_ready(self, topic: str, group: str, msg_id: int) -> Message | None:
-        await self.caught_up()  # as in load: the index must see every put and finish
-        gid = self._read_gid(topic, group)
+        return await self._read(topic, group, read.find_ready, msg_id)
+
+    async def _read(self, topic: str, group: str, reader: Callable[..., T], *args: Any) -> T | None:
+        """`reader(db, bodies, topic, gid, *args)` on the index's thread for a group, or
+        the topic's backlog for group "" (None if there is none). What was spilled may be
+        only in the log so far: the read must see its put, and the finish of a message in
+        memory that sorts after the spilled ones (a less urgent one delivered before they
+        came) must keep the read from loading it again; so the index catches up first."""
+        await self.caught_up()
+        t = self._topics.get(topic)
+        gid = None if t is None else t.backlog if group == "" else t.groups.get(group)
         if gid is None:
             return None
         db = self._db
         assert db is not None
-        return await self._worker.run(read.find_ready, db, self._bodies, topic, gid, msg_id)
+        return await self._worker.run(reader, db, self._bodies, topic, gid, *args)
 
     def stats(self) -> StoreStats:
         stats = self._stats
