@@ -6,6 +6,7 @@ import json
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -14,6 +15,7 @@ from gateway import config
 from gateway.app import Gateway
 from gateway.broker import Broker
 from gateway.stores import MemoryStore
+from gateway.stores import log as store_log
 
 MAGIC = b"  V2"
 
@@ -188,3 +190,17 @@ class RawBeanstalk:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def written_end(segment: Path) -> int:
+    """Where the frames written to a store log segment end: its file is longer while it
+    is being written (its blocks are allocated when it is made, the rest reads as
+    zeros), as a killed gateway leaves it."""
+    data = segment.read_bytes()
+    offset = 0
+    while offset + store_log.HEADER.size <= len(data):
+        length, _ = store_log.HEADER.unpack_from(data, offset)
+        if length == 0:
+            break
+        offset += store_log.HEADER.size + length
+    return min(offset, len(data))

@@ -20,9 +20,11 @@ length, pickle, buffers`; a payload without buffers is the pickle alone.
 
 The log is cut into segments, `<dir>/<number>.log`, numbered from 1; a position in the
 log is (segment, offset). A segment is closed at `SEGMENT_BYTES` and on every open, so
-that positions only grow. Reading back (`replay`) stops a segment at its first frame that
-is short or fails its checksum (a write a crash or a power cut left torn), cuts the file
-there and says so. `Bodies` reads a body range back where it was written.
+that positions only grow. A segment's blocks are allocated when it is made, so its file
+is longer than what was written until it is closed; the rest reads as zeros. Reading back
+(`replay`) stops a segment at its end, or at its first frame that is short or fails its
+checksum (a write a crash or a power cut left torn), cuts the file there (saying so for a
+torn frame). `Bodies` reads a body range back where it was written.
 """
 
 from __future__ import annotations
@@ -149,10 +151,14 @@ def replay(
         data = memoryview(path.read_bytes())
         offset = after[1] if number == after[0] else 0
         end = len(data)
+        unwritten = False  # the rest is the segment's allocated, never written part
         while offset < end:
             if end - offset < HEADER.size:
                 break
             length, crc = HEADER.unpack_from(data, offset)
+            if length == 0:  # no frame is empty: zeros, or a torn write
+                unwritten = bytes(data[offset:]) == bytes(end - offset)
+                break
             start = offset + HEADER.size
             payload = data[start : start + length]
             if len(payload) < length or crc32c(payload) != crc:
@@ -165,6 +171,10 @@ def replay(
             offset = start + length
             yield (number, offset), records, [start + at for at in starts]
         if offset < end:
+            if unwritten:  # the end of what was written: the allocated rest goes quietly
+                with open(path, "r+b") as f:
+                    f.truncate(offset)
+                continue
             log.warning(
                 "store log %s: cut at %d, the last whole record: %d bytes after it were a"
                 " write left unfinished by a crash or a power cut",
@@ -219,21 +229,28 @@ class Log:
         # the segments before the one being written that are on disk (kept here: the
         # index thread asks after every update, and listing the directory costs more)
         self._before = [n for n in segments(directory) if n < first]
-        self._fd = self._open(first)
         # segments written since their last fsync: their descriptors, closed by sync
         self._unsynced: list[int] = []
         self._lock = threading.Lock()
         self._cut_at: int | None = None  # a failed write's torn tail to cut, if any
+        self._new_name = False  # a segment made since the last sync: fsync the directory
+        self._fd = self._open(first)
 
     def _open(self, number: int) -> int:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(segment_path(self.directory, number), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        # the new segment's name must survive a power cut too: fsync the directory
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fd = os.open(segment_path(self.directory, number), os.O_WRONLY | os.O_CREAT)
+        # The segment's blocks are allocated now, as beanstalkd allocates its binlog
+        # files: an fsync then writes the data and no change of the file's size, which
+        # took it from about 130 to 70-90 µs here (fsync "always" answers a put once its
+        # fsync is done). The unwritten rest reads as zeros, where a reader stops
+        # (`replay`). A file system without it, or a full one, grows the file as it is
+        # written instead, as it did before.
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(fd, 0, SEGMENT_BYTES)
+        # the new segment's name must survive a power cut too: the next sync fsyncs the
+        # directory before it says anything in the segment is on disk
+        with self._lock:
+            self._new_name = True
         return fd
 
     @property
@@ -249,12 +266,14 @@ class Log:
             self._rotate()
         parts, _, size = frame
         written = 0
+        offset = self.offset
         try:
-            written = os.writev(self._fd, parts)
+            # at the offset, not appended: the file's allocated length is past its end
+            written = os.pwritev(self._fd, parts, offset)
             if written < size:  # a short write: the rest, as often as it takes
                 rest = memoryview(b"".join(parts))
                 while written < size:
-                    written += os.write(self._fd, rest[written:])
+                    written += os.pwrite(self._fd, rest[written:], offset + written)
         except OSError:
             # whatever part of the frame reached the file goes (nothing, if none did)
             self._cut_at = self.offset
@@ -283,15 +302,28 @@ class Log:
         self.offset = 0
 
     def sync(self) -> Position:
-        """fsync what was written before the call (thread side); returns its position."""
+        """fsync what was written before the call (thread side); returns its position.
+        fdatasync: the data and what reading it back needs (the blocks it went to, a
+        size that grew), not the times of the file."""
         with self._lock:
             position = self.position
             closed, self._unsynced = self._unsynced, []
             fd = self._fd
+            new_name, self._new_name = self._new_name, False
+        if new_name:
+            dfd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            except OSError:
+                with self._lock:
+                    self._new_name = True
+                raise
+            finally:
+                os.close(dfd)
         for old in closed:
-            os.fsync(old)
+            os.fdatasync(old)
             os.close(old)
-        os.fsync(fd)
+        os.fdatasync(fd)
         return position
 
     def on_disk(self) -> list[int]:
@@ -322,8 +354,13 @@ class Log:
                     segment_path(self.directory, number).unlink()
 
     def size(self) -> int:
+        """The bytes the segments hold (the one being written: up to its end, not the
+        length allocated for it)."""
         total = 0
         for number in segments(self.directory):
+            if number == self.segment and self._fd >= 0:
+                total += self.offset
+                continue
             with contextlib.suppress(OSError):
                 total += segment_path(self.directory, number).stat().st_size
         return total
@@ -331,7 +368,11 @@ class Log:
     def close(self) -> None:
         with self._lock:
             fds, self._unsynced = [*self._unsynced, self._fd], []
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            # the blocks allocated past the last frame go back (a clean stop)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self.offset)
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -19,7 +19,14 @@ import trio
 
 from gateway.app import Gateway
 from gateway.broker import query
-from tests.helpers import MAGIC, RawBeanstalk, RawNSQ, parse_message, running_gateway
+from tests.helpers import (
+    MAGIC,
+    RawBeanstalk,
+    RawNSQ,
+    parse_message,
+    running_gateway,
+    written_end,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,8 +147,8 @@ async def test_a_torn_log_tail_is_cut_off_and_the_gateway_serves(tmp_path: Path)
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
     log_dir = data_dir / "gateway.db-log"
-    segment = max(p for p in log_dir.iterdir() if p.stat().st_size > 0)
-    size = segment.stat().st_size
+    segment = max(p for p in log_dir.iterdir() if written_end(p) > 0)
+    size = written_end(segment)
     assert size > 100, "kill -9 must leave the store's log behind"
     with open(segment, "r+b") as f:
         f.truncate(size - 100)  # the last write's frame cut short

@@ -63,6 +63,58 @@ def test_a_torn_tail_is_cut_at_the_last_whole_record(
     assert frames(tmp_path) == [[("R", 0)], [("R", 1)], [("R", 2)]]  # and reads clean
 
 
+def test_a_segment_is_allocated_ahead_and_its_unwritten_rest_is_its_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A segment's blocks are allocated when it is made (its fsyncs then change no file
+    size). What a killed gateway leaves is a file longer than its frames, zeros after
+    them: the replay ends there without a word of damage, and cuts the file to its frames."""
+    log = Log(tmp_path, 1)
+    ends = [log.write(encode([("R", i)])) for i in range(3)]
+    path = segment_path(tmp_path, 1)
+    assert path.stat().st_size >= store_log.SEGMENT_BYTES > ends[-1][1]
+    assert log.size() == ends[-1][1]  # what was written, not what was allocated
+    # killed: nothing closed, the descriptor let go
+    os.close(log._fd)
+    with caplog.at_level(logging.INFO, "gateway.store"):
+        assert frames(tmp_path) == [[("R", 0)], [("R", 1)], [("R", 2)]]
+    assert caplog.records == []
+    assert path.stat().st_size == ends[-1][1]
+
+
+def test_a_clean_close_gives_the_allocated_rest_back(tmp_path: Path) -> None:
+    log = Log(tmp_path, 1)
+    end = log.write(encode([("R", 1)]))
+    log.close()
+    assert segment_path(tmp_path, 1).stat().st_size == end[1]
+
+
+def test_a_new_segments_name_is_fsynced_by_the_sync_not_by_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes run on the event loop, where nothing may wait for the disk: a segment made
+    there (at a rotation) has its directory entry fsynced by the next sync, on the fsync
+    thread, before that sync reports any of it on disk."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_log.os, "fsync", fsync)
+    log = Log(tmp_path, 1)
+    log.write(encode([("R", 1)]))
+    log.offset = store_log.SEGMENT_BYTES  # full: the next write starts segment 2
+    log.write(encode([("R", 2)]))
+    assert log.segment == 2 and synced == []
+    assert log.sync() == log.position
+    assert synced == ["dir"]  # the data itself: fdatasync
+    log.sync()
+    assert synced == ["dir"]  # once per new name
+    log.close()
+
+
 def test_a_corrupt_frame_ends_its_segment_and_the_next_segment_is_read(tmp_path: Path) -> None:
     """A writer that could not cut a failed write's partial frame starts a new segment:
     the replay reads on from there."""
@@ -92,20 +144,20 @@ def test_a_log_yields_data_only() -> None:
 def test_a_failed_write_leaves_no_partial_frame(tmp_path: Path) -> None:
     log = Log(tmp_path, 1)
     log.write(encode([("R", 1)]))
-    real_writev, real_write = os.writev, os.write
+    real_pwritev, real_pwrite = os.pwritev, os.pwrite
 
-    def short_writev(fd: int, parts: list[bytes]) -> int:
-        return real_write(fd, b"".join(parts)[:10])  # a short write...
+    def short_pwritev(fd: int, parts: list[bytes], offset: int) -> int:
+        return real_pwrite(fd, b"".join(parts)[:10], offset)  # a short write...
 
-    def full(fd: int, data: memoryview) -> int:
+    def full(fd: int, data: memoryview, offset: int) -> int:
         raise OSError(28, "No space left on device")  # ...and the disk is full
 
-    store_log.os.writev, store_log.os.write = short_writev, full  # type: ignore[assignment]
+    store_log.os.pwritev, store_log.os.pwrite = short_pwritev, full  # type: ignore[assignment]
     try:
         with pytest.raises(OSError):
             log.write(encode([("R", 2)]))
     finally:
-        store_log.os.writev, store_log.os.write = real_writev, real_write  # type: ignore[assignment]
+        store_log.os.pwritev, store_log.os.pwrite = real_pwritev, real_pwrite  # type: ignore[assignment]
     log.write(encode([("R", 3)]))
     log.close()
     assert frames(tmp_path) == [[("R", 1)], [("R", 3)]]
