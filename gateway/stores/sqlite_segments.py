@@ -40,16 +40,17 @@ def locate(ops: list[Op], segment: int, starts: list[int]) -> list[Op]:
     if not starts:
         return ops
     out: list[Op] = []
+    append = out.append
     at = iter(starts)
     for op in ops:
         if op[0] == "P":
             batch = op[8]
             bodies = batch[6]
-            if not isinstance(bodies, bytes):  # an out-of-band buffer (or its view)
+            if type(bodies) is not bytes:  # an out-of-band buffer (or its view)
                 view = memoryview(bodies)
                 where = (segment, next(at), view, None, view.nbytes)
                 op = (*op[:8], (*batch[:6], where, batch[7]))
-        out.append(op)
+        append(op)
     return out
 
 

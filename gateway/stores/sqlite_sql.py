@@ -518,7 +518,11 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
 
     for op in puts:
         batch = op[8]
-        single = op[3] == 1 and op[7] is None and _before(batch[6], fence)
+        where = batch[6]
+        located = type(where) is tuple
+        # bodies in the log join only before the fence; bodies held here (a log written
+        # before bodies stayed in it) always do
+        single = op[3] == 1 and op[7] is None and (not located or where[:2] < fence)
         if single:
             # groups, due, priority, attempts, ttr, reply-to, headers, header block (flat:
             # one tuple to build and hash per publish)
@@ -526,13 +530,22 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
             chain = chains.get(key)
             if chain is not None:
                 last = chain[-1]
-                if (
-                    last[2] < op[2] <= last[2] + 1 + _HOLES
-                    and _adjacent(last[8][6], op[8][6])
-                    and _adjacent(chain[0][8][6], op[8][6])
-                ):
-                    chain.append(op)
-                    continue
+                if last[2] < op[2] <= last[2] + 1 + _HOLES:
+                    head = chain[0][8][6]
+                    if located:
+                        # after the last one, in the first one's segment, within _SPAN of
+                        # it (a chain's bodies are in log order: after the last is after
+                        # the first, near the first is near the last)
+                        joins = (
+                            type(head) is tuple
+                            and where[0] == head[0]
+                            and last[8][6][1] < where[1] < head[1] + _SPAN
+                        )
+                    else:
+                        joins = type(head) is not tuple
+                    if joins:
+                        chain.append(op)
+                        continue
         # an open chain into one of its groups ends first: a group's runs never overlap
         for gid in op[1]:
             k = holding.get(gid)
@@ -613,25 +626,6 @@ def _spread(places: list[int], values: list[Any], n: int, hole: Any) -> list[Any
     for k, v in zip(places, values, strict=True):
         out[k] = v
     return out
-
-
-def _before(where: Any, fence: tuple[int, int]) -> bool:
-    """Whether a publish's bodies are before `fence` in the log (a publish from a log
-    written before bodies stayed in it holds them: always)."""
-    return type(where) is not tuple or where[:2] < fence
-
-
-def _adjacent(before: Any, after: Any) -> bool:
-    """Whether two publishes' bodies can be one batch's: both held here, or both in one
-    segment of the log, the second after the first (other frames' bytes may be between
-    them: a batch notes where each body starts), not too far to read at once."""
-    if type(before) is tuple:
-        return (
-            type(after) is tuple
-            and after[0] == before[0]
-            and before[1] < after[1] < before[1] + _SPAN
-        )
-    return type(after) is not tuple
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
