@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from gateway.broker import Broker, query
 from gateway.broker.members import Consumer
 from gateway.stores import MemoryStore, SQLiteStore, Store, open_store
+from gateway.stores.log import SEGMENT_BYTES, segment_path
 from tests.contract import queue_model
 from tests.contract.queue_model import GROUPS, HOUR, PRIORITIES, Held
 from tests.redis_server import RedisServer
@@ -310,11 +311,16 @@ class Run:
 
 
 async def killed(store: SQLiteStore) -> None:
-    """What a killed gateway leaves of its durable store: the log as written, the index as
-    far as it had applied it (the next start replays the rest), the file lock let go."""
+    """What a killed gateway leaves of its durable store: the log as written, the segment
+    being written as long as it was allocated (zeros after its frames), the index as far
+    as it had applied it (the next start replays the rest), the file lock let go."""
+    assert store._log is not None
+    writing = segment_path(store._log.directory, store._log.segment)
     await store._worker.run(store._close_sync, False)
     store._worker.stop()
     store._fsyncs.stop()
+    if writing.exists() and writing.stat().st_size < SEGMENT_BYTES:
+        os.truncate(writing, SEGMENT_BYTES)  # what the clean close gave back
     if store._lock_fd is not None:
         os.close(store._lock_fd)
         store._lock_fd = None
