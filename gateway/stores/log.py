@@ -2,10 +2,11 @@
 queued bodies stay.
 
 The store encodes the records made since its last write into one frame and writes it to
-the log with one system call (`writev`) on the event loop, before the replies to what made
-them leave (docs/storage.md, "The write path"). A write to the page cache is a memory
-copy: killing the process loses nothing written. `fsync` is what survives a power cut,
-and it runs on a thread of its own (`Log.sync`), never on the event loop.
+the log with one system call (`pwritev`, at the segment's offset) on the event loop,
+before the replies to what made them leave (docs/storage.md, "The write path"). A write
+to the page cache is a memory copy: killing the process loses nothing written. `fsync`
+(`fdatasync`) is what survives a power cut, and it runs on a thread of its own
+(`Log.sync`), never on the event loop.
 
 A frame is `u32 length, u32 CRC-32C of the payload, payload` (little-endian; CRC-32C as
 Kafka's and LevelDB's logs use it, computed by the CPU's instruction). The payload is the
@@ -54,7 +55,7 @@ _SUFFIX = ".log"
 Position = tuple[int, int]  # (segment number, offset in it); (0, 0): before everything
 
 
-# a frame: its parts, written with one writev, not joined; where in the frame each
+# a frame: its parts, written with one pwritev, not joined; where in the frame each
 # out-of-band body starts, in pickle's order; its size
 Frame = tuple[list[Any], list[int], int]
 
@@ -217,7 +218,7 @@ class Bodies:
 
 
 class Log:
-    """The writing end. `write` runs on the event loop (one `writev` per frame); `sync`
+    """The writing end. `write` runs on the event loop (one `pwritev` per frame); `sync`
     runs on a thread of the caller's (it fsyncs every segment written since the last sync
     and returns the position that is now on disk). Segments the caller's index holds and
     has synced go with `delete`."""
