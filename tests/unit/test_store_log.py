@@ -82,6 +82,26 @@ def test_a_segment_is_allocated_ahead_and_its_unwritten_rest_is_its_end(
     assert path.stat().st_size == ends[-1][1]
 
 
+def test_a_frame_past_the_allocated_length_grows_the_segment(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A segment is closed once it holds SEGMENT_BYTES, so its last frame may run past the
+    length allocated for it: the file grows, and the next write starts the next segment."""
+    log = Log(tmp_path, 1)
+    big = b"b" * (store_log.SEGMENT_BYTES - 1000)
+    first = log.write(encode([("P", 1, pickle.PickleBuffer(big))]))
+    second = log.write(encode([("P", 2, pickle.PickleBuffer(b"c" * 5000))]))
+    assert first[0] == second[0] == 1 and second[1] > store_log.SEGMENT_BYTES
+    third = log.write(encode([("R", 3)]))
+    assert third[0] == 2
+    os.close(log._fd)  # killed
+    with caplog.at_level(logging.INFO, "gateway.store"):
+        got = [(op[0], op[1]) for records in frames(tmp_path) for op in records]
+    assert got == [("P", 1), ("P", 2), ("R", 3)]
+    assert caplog.records == []
+    assert segment_path(tmp_path, 1).stat().st_size == second[1]
+
+
 def test_a_clean_close_gives_the_allocated_rest_back(tmp_path: Path) -> None:
     log = Log(tmp_path, 1)
     end = log.write(encode([("R", 1)]))
