@@ -519,10 +519,9 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
     for op in puts:
         batch = op[8]
         where = batch[6]
-        located = type(where) is tuple
         # bodies in the log join only before the fence; bodies held here (a log written
         # before bodies stayed in it) always do
-        single = op[3] == 1 and op[7] is None and (not located or where[:2] < fence)
+        single = op[3] == 1 and op[7] is None and (type(where) is not tuple or where[:2] < fence)
         if single:
             # groups, due, priority, attempts, ttr, reply-to, headers, header block (flat:
             # one tuple to build and hash per publish)
@@ -530,22 +529,11 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
             chain = chains.get(key)
             if chain is not None:
                 last = chain[-1]
-                if last[2] < op[2] <= last[2] + 1 + _HOLES:
-                    head = chain[0][8][6]
-                    if located:
-                        # after the last one, in the first one's segment, within _SPAN of
-                        # it (a chain's bodies are in log order: after the last is after
-                        # the first, near the first is near the last)
-                        joins = (
-                            type(head) is tuple
-                            and where[0] == head[0]
-                            and last[8][6][1] < where[1] < head[1] + _SPAN
-                        )
-                    else:
-                        joins = type(head) is not tuple
-                    if joins:
-                        chain.append(op)
-                        continue
+                if last[2] < op[2] <= last[2] + 1 + _HOLES and _joins(
+                    chain[0][8][6], last[8][6], where
+                ):
+                    chain.append(op)
+                    continue
         # an open chain into one of its groups ends first: a group's runs never overlap
         for gid in op[1]:
             k = holding.get(gid)
@@ -626,6 +614,17 @@ def _spread(places: list[int], values: list[Any], n: int, hole: Any) -> list[Any
     for k, v in zip(places, values, strict=True):
         out[k] = v
     return out
+
+
+def _joins(head: Any, last: Any, where: Any) -> bool:
+    """Whether a publish's bodies (`where`) can join a chain whose first and last bodies
+    are `head` and `last`: all held here, or all in one segment of the log, after the last
+    (other frames' bytes may be between them: a batch notes where each body starts) and
+    near enough the first to read at once. A chain's bodies are in log order, so after
+    the last is after the first, and near the first is near the last: one test each."""
+    if type(where) is tuple:
+        return type(head) is tuple and where[0] == head[0] and last[1] < where[1] < head[1] + _SPAN
+    return type(head) is not tuple
 
 
 def _structural(db: sqlite3.Connection, op: Op) -> int:
