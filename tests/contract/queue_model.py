@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import trio
+from hypothesis import strategies as st
 
 from gateway.broker import Broker
 from gateway.broker.group import Group
@@ -17,6 +18,20 @@ from tests.unit.test_broker import Collector
 GROUPS = ("a", "b")
 PRIORITIES = (0, 1024, 2000)
 HOUR = 3600.0  # a delay nothing in a run waits out: delayed until kicked
+
+# the answers to a delivery, as both tests draw them (`answer`): which group, which of the
+# messages it holds (by index, modulo), a requeue's new priority and whether it is delayed
+ANSWERS = (
+    st.tuples(st.just("finish"), st.sampled_from(GROUPS), st.integers(0, 7)),
+    st.tuples(
+        st.just("requeue"),
+        st.sampled_from(GROUPS),
+        st.integers(0, 7),
+        st.sampled_from((None, *PRIORITIES)),
+        st.booleans(),
+    ),
+    st.tuples(st.just("bury"), st.sampled_from(GROUPS), st.integers(0, 7)),
+)
 
 
 @dataclass
