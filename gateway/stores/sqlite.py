@@ -59,7 +59,8 @@ from gateway.stores.sqlite_open import (
     recover,
     replay_into,
 )
-from gateway.stores.sqlite_runs import BURIED, READY, add_deliveries, add_finishes
+from gateway.stores.sqlite_records import Joining, add_deliveries, add_finishes, put_record
+from gateway.stores.sqlite_runs import BURIED, READY
 from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
 
@@ -101,6 +102,7 @@ class SQLiteStore(Store):
         self._id_ceiling = 0
         # recorded, not yet in the log
         self._ops: list[tuple[Any, ...]] = []
+        self._joining: Joining | None = None  # publishes of one message each joined
         self._recorded = 0  # records made so far
         self._written = 0  # records in the log so far
         self._wake = trio.Event()  # set by the first record after a write
@@ -194,7 +196,30 @@ class SQLiteStore(Store):
             self.reserve_ids(messages[-1].id)
         # the per-group fields as they are now: a delivery that changes them before the
         # write is recorded on its own
-        self._record(sql.put_record(gids, messages, due))
+        if len(messages) == 1 and self._ops and self._join(gids, messages[0], due):
+            return
+        self._record(put_record(gids, messages, due))
+
+    def _join(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
+        """Join a publish of one message to the one the last record holds, if that is a
+        publish of one message (or such publishes joined) that it fits (Joining)."""
+        ops = self._ops
+        at = len(ops) - 1
+        joining = self._joining
+        if joining is not None and joining.at == at:
+            return joining.add(gids, message, due)
+        last = ops[at]
+        if (
+            last[0] != "P"
+            or last[3] != 1
+            or message.id != last[2] + 1
+            or not Joining.fits(last, gids, message, due)
+        ):
+            return False
+        if joining is not None:  # one further back, with records after it: it is done
+            ops[joining.at] = joining.record()
+        joining = self._joining = Joining(at, last)
+        return joining.add(gids, message, due)
 
     def update(
         self,
@@ -354,6 +379,10 @@ class SQLiteStore(Store):
             return
         assert self._log is not None
         started = time.perf_counter()
+        joining = self._joining
+        if joining is not None:
+            ops[joining.at] = joining.record()
+            self._joining = None
         frame = encode(ops)
         try:
             position = self._log.write(frame)

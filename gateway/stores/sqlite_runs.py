@@ -9,13 +9,8 @@ from __future__ import annotations
 import sqlite3
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gateway.model import Message
-    from gateway.stores.base import Delivery
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 READY, BURIED = 0, 1
 # a run, as the code below reads it
@@ -44,61 +39,6 @@ def tries_blob(counts: dict[int, int]) -> bytes | None:
     for k in sorted(counts):
         pairs.extend((k, counts[k]))
     return pairs.tobytes()
-
-
-# -- the records' runs (event loop) -----------------------------------------------
-
-_ID = attrgetter("id")
-_PRIORITY = attrgetter("priority")
-_ATTEMPTS = attrgetter("attempts")
-
-
-def _one_run(messages: Sequence[Message]) -> bool:
-    """Whether `messages` (two or more) have ascending consecutive ids and one priority:
-    a consumer's window of deliveries, a page of its FINs. Checked with a few passes in
-    C rather than a Python step per message."""
-    ids = list(map(_ID, messages))
-    first = ids[0]
-    return ids == list(range(first, first + len(ids))) and len(set(map(_PRIORITY, messages))) == 1
-
-
-def add_finishes(runs: list[int], messages: Sequence[Message]) -> None:
-    """Extend a finish record's runs (flat: priority, first, last, ...) with `messages`:
-    an id that follows the last run's, in its priority, extends it."""
-    if len(messages) > 1 and _one_run(messages):
-        p, first, last = messages[0].priority, messages[0].id, messages[-1].id
-        if runs and runs[-1] == first - 1 and runs[-3] == p:
-            runs[-1] = last
-        else:
-            runs += (p, first, last)
-        return
-    for m in messages:
-        p, i = m.priority, m.id
-        if runs and runs[-1] == i - 1 and runs[-3] == p:
-            runs[-1] = i
-        else:
-            runs += (p, i, i)
-
-
-def add_deliveries(runs: list[int], deliveries: Iterable[Delivery]) -> None:
-    """Extend a delivery record's runs (flat: priority, first, last, attempts, ...): a run
-    is consecutive ids of one priority delivered with the same attempt count, which a
-    window of first deliveries is."""
-    messages = [d.message for d in deliveries]
-    if len(messages) > 1 and _one_run(messages) and len(set(map(_ATTEMPTS, messages))) == 1:
-        m = messages[0]
-        p, first, last, a = m.priority, m.id, messages[-1].id, m.attempts
-        if runs and runs[-2] == first - 1 and runs[-4] == p and runs[-1] == a:
-            runs[-2] = last
-        else:
-            runs += (p, first, last, a)
-        return
-    for m in messages:
-        p, i, a = m.priority, m.id, m.attempts
-        if runs and runs[-2] == i - 1 and runs[-4] == p and runs[-1] == a:
-            runs[-2] = i
-        else:
-            runs += (p, i, i, a)
 
 
 class Spans:

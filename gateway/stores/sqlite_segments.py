@@ -49,7 +49,7 @@ def locate(ops: list[Op], segment: int, starts: list[int]) -> list[Op]:
             if type(bodies) is not bytes:  # an out-of-band buffer (or its view)
                 view = memoryview(bodies)
                 where = (segment, next(at), view, None, view.nbytes)
-                op = (*op[:8], (*batch[:6], where, batch[7]))
+                op = (*op[:8], (*batch[:6], where, *batch[7:]))
         append(op)
     return out
 

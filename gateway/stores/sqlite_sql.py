@@ -1,7 +1,7 @@
 """The durable store's index: its tables and the worker thread's side, applying the log's
 records (the runs' side of it is sqlite_runs.py, the log segments' sqlite_segments.py;
-reading back is sqlite_read.py). Nothing here runs on the event loop but `put_record`,
-which makes a publish's record.
+reading back is sqlite_read.py; the records themselves are made in sqlite_records.py).
+Nothing here runs on the event loop.
 
 Tables (docs/storage.md, "The index"):
 * `batches`: one row per publish: where its bodies are, end to end (`ends`: where each
@@ -38,15 +38,13 @@ import json
 import sqlite3
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from itertools import accumulate, pairwise
 from operator import itemgetter
-from pickle import PickleBuffer
 from typing import Any
 
 from crc32c import crc32c
 
-from gateway.model import Message, Publish
 from gateway.stores import sqlite_runs as runs
 from gateway.stores.sqlite_runs import READY
 
@@ -117,19 +115,7 @@ _INSERT_BATCH = (
 _SPAN = 1 << 20  # a publish's bodies this far after the first ones' start another batch
 _HOLES = 64  # at most so many ids of other publishes between two that join
 
-# An op is a record of the log (gateway/stores/log.py): plain data, made on the event loop.
-# ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
-# messages with consecutive ids into groups `gids`; `fields` is None when every message has
-# (priority, attempts), else one (priority, attempts) per message; `batch` is the batch
-# row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end, ends or
-# None for one message). The bodies are a `pickle.PickleBuffer` (the log writes them after
-# the pickle: log.py); `locate` turns them into a `Where` once the frame is written.
-# ("U", (priority, attempts, due, state, gid, priority_was, id)); ("E", gid, [priority,
-# first, last, ...]): finishes, as runs of ids, flat (logs written before runs have ("D",
-# gid, [(priority, id)])); ("AR", gid, [priority, first, last, attempts, ...]): deliveries,
-# which change attempts only, as runs of ids delivered with the same attempts (logs written
-# before runs have ("A", gid, [(priority, id, attempts)])); or a structural one (see
-# `_structural`).
+# a record of the log: its kinds and fields are described in sqlite_records.py
 Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
@@ -140,36 +126,6 @@ GET_LOG_POSITION = (
     " ('log_segment', 'log_offset', 'synced_segment', 'synced_offset')"
 )
 SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-
-
-def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -> Op:
-    """The log record of one publish (event loop side: a join of the bodies and a few
-    fields; a publish's messages share all but their bodies and ids)."""
-    first = messages[0]
-    n = len(messages)
-    fields = None
-    if n == 1:  # most publishes: one message, its fields the run's
-        bodies = first.body if type(first.body) is bytes else bytes(first.body)
-        ends = None
-    else:
-        if isinstance(messages, Publish):
-            raw = messages.bodies
-        else:
-            fields = [(m.priority, m.attempts) for m in messages]
-            if fields.count(fields[0]) == n:
-                fields = None
-            raw = [m.body for m in messages]
-        bodies = b"".join(raw)
-        ends = array("I", accumulate(map(len, raw))).tobytes()
-    bodies = PickleBuffer(bodies)
-    headers = json.dumps(first.headers) if first.headers else None
-    block = first.header_block
-    if block is not None and type(block) is not bytes:
-        block = bytes(block)
-    batch = (
-        first.timestamp, first.ttr, first.origin, first.reply_to, headers, block, bodies, ends
-    )  # fmt: skip
-    return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
 def apply(db: sqlite3.Connection, ops: list[Op], fence: tuple[int, int]) -> int:
@@ -543,6 +499,8 @@ def _coalesced(puts: list[Op], fence: tuple[int, int]) -> list[Op]:
             chains[key] = [op]
             for gid in op[1]:
                 holding[gid] = key
+        elif len(batch) > 8:  # publishes joined as they were recorded: stamps, origins
+            out.append((*op[:8], batch[:8], *batch[8:], 0))
         else:
             out.append((*op, None, None, 0))
     for key in list(chains):

@@ -1,0 +1,194 @@
+"""The durable store's log records, made on the event loop (sqlite.py writes them to the
+log; sqlite_sql.py applies them to the index). Each call here runs once per publish,
+delivery or finish: plain data, a few C-level passes, no I/O.
+
+A record (an `Op`) is a tuple of ints, floats, strings and bytes only (log.py):
+
+* ("P", gids, first_id, n, due, priority, attempts, fields, batch): one publish of n
+  messages with consecutive ids into groups `gids`. `fields` is None when every message
+  has (priority, attempts), else one (priority, attempts) per message. `batch` is the
+  batch row's (ts, ttr, origin, reply_to, headers JSON, header_block, bodies end to end,
+  ends or None for one message), and for publishes joined as they were recorded
+  (`Joining`) also (stamps, origins): int64 timestamps and a JSON list of origins, one per
+  message, each None where one is everyone's. The bodies are a `pickle.PickleBuffer` (the
+  log writes them after the pickle); the index turns them into where they are in the log
+  once the frame is written (sqlite_segments.locate).
+* ("U", (priority, attempts, due, state, gid, priority_was, id)): one message changed.
+* ("E", gid, [priority, first, last, ...]): finishes, as runs of ids, flat (logs written
+  before runs have ("D", gid, [(priority, id)])).
+* ("AR", gid, [priority, first, last, attempts, ...]): deliveries, which change attempts
+  only, as runs of ids delivered with the same attempts (logs written before runs have
+  ("A", gid, [(priority, id, attempts)])).
+* a structural one: topics and groups made, dropped, paused, cleared; ids reserved
+  (sqlite_sql._structural).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
+from operator import attrgetter
+from pickle import PickleBuffer
+from typing import TYPE_CHECKING, Any
+
+from gateway.model import Message, Publish
+
+if TYPE_CHECKING:
+    from gateway.stores.base import Delivery
+
+Op = tuple[Any, ...]
+
+
+def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -> Op:
+    """The record of one publish (a join of the bodies and a few fields; a publish's
+    messages share all but their bodies and ids)."""
+    first = messages[0]
+    n = len(messages)
+    fields = None
+    if n == 1:  # most publishes: one message, its fields the run's
+        bodies = first.body if type(first.body) is bytes else bytes(first.body)
+        ends = None
+    else:
+        if isinstance(messages, Publish):
+            raw = messages.bodies
+        else:
+            fields = [(m.priority, m.attempts) for m in messages]
+            if fields.count(fields[0]) == n:
+                fields = None
+            raw = [m.body for m in messages]
+        bodies = b"".join(raw)
+        ends = array("I", accumulate(map(len, raw))).tobytes()
+    headers = json.dumps(first.headers) if first.headers else None
+    block = first.header_block
+    if block is not None and type(block) is not bytes:
+        block = bytes(block)
+    batch = (
+        first.timestamp, first.ttr, first.origin, first.reply_to, headers,
+        block, PickleBuffer(bodies), ends,
+    )  # fmt: skip
+    return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
+
+
+class Joining:
+    """Publishes of one message each, recorded one after another with nothing between
+    them: sixteen connections' PUBs in one pass of the scheduler, four producers' puts
+    into one tube. They differ in id (consecutive), body, timestamp and origin only, so
+    they are one record, as an MPUB of them would be: one tuple in the frame's pickle
+    instead of one each, and one for the index to take apart. All of them are in the
+    same frame, written or lost together, so joining them promises no more than each
+    promised alone. The record is made as the frame is (`record`): until then the
+    bodies, timestamps and origins gather here."""
+
+    __slots__ = ("at", "bodies", "head", "next_id", "origins", "stamps")
+
+    def __init__(self, at: int, head: Op) -> None:
+        self.at = at  # the head's place among the records not yet written
+        self.head = head  # the first publish's record
+        batch = head[8]
+        body = batch[6].raw()
+        self.bodies: list[Any] = [body]
+        self.stamps = [batch[0]]
+        self.origins = [batch[2]]
+        self.next_id = head[2] + 1
+
+    @staticmethod
+    def fits(head: Op, gids: tuple[int, ...], message: Message, due: float) -> bool:
+        """Whether `message`, published alone into `gids`, shares every field but its
+        body, timestamp and origin with the publish of `head` (one message alone)."""
+        batch = head[8]
+        return (
+            head[1] == gids
+            and head[4] == due
+            and head[5] == message.priority
+            and head[6] == message.attempts
+            and batch[1] == message.ttr
+            and batch[3] == message.reply_to
+            and batch[5] == message.header_block
+            and (
+                batch[4] is None if not message.headers else batch[4] == json.dumps(message.headers)
+            )
+        )
+
+    def add(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
+        """Join `message` (its publish's only one) if it is the next id and fits."""
+        if message.id != self.next_id or not self.fits(self.head, gids, message, due):
+            return False
+        body = message.body
+        self.bodies.append(body if type(body) is bytes else bytes(body))
+        self.stamps.append(message.timestamp)
+        self.origins.append(message.origin)
+        self.next_id += 1
+        return True
+
+    def record(self) -> Op:
+        """The one record of the joined publishes."""
+        head, bodies = self.head, self.bodies
+        n = len(bodies)
+        if n == 1:
+            return head
+        stamps, origins = self.stamps, self.origins
+        ends = array("I", accumulate(map(len, bodies))).tobytes()
+        ts, ttr, origin, reply_to, headers, block = head[8][:6]
+        batch = (
+            ts, ttr, origin, reply_to, headers, block, PickleBuffer(b"".join(bodies)), ends,
+            array("q", stamps).tobytes() if stamps.count(ts) != n else None,
+            json.dumps(origins) if origins.count(origin) != n else None,
+        )  # fmt: skip
+        return (*head[:3], n, *head[4:8], batch)
+
+
+# -- finishes and deliveries: runs of ids ---------------------------------------------
+
+_ID = attrgetter("id")
+_PRIORITY = attrgetter("priority")
+_ATTEMPTS = attrgetter("attempts")
+
+
+def _one_run(messages: Sequence[Message]) -> bool:
+    """Whether `messages` (two or more) have ascending consecutive ids and one priority:
+    a consumer's window of deliveries, a page of its FINs. Checked with a few passes in
+    C rather than a Python step per message."""
+    ids = list(map(_ID, messages))
+    first = ids[0]
+    return ids == list(range(first, first + len(ids))) and len(set(map(_PRIORITY, messages))) == 1
+
+
+def add_finishes(runs: list[int], messages: Sequence[Message]) -> None:
+    """Extend a finish record's runs (flat: priority, first, last, ...) with `messages`:
+    an id that follows the last run's, in its priority, extends it."""
+    if len(messages) > 1 and _one_run(messages):
+        p, first, last = messages[0].priority, messages[0].id, messages[-1].id
+        if runs and runs[-1] == first - 1 and runs[-3] == p:
+            runs[-1] = last
+        else:
+            runs += (p, first, last)
+        return
+    for m in messages:
+        p, i = m.priority, m.id
+        if runs and runs[-1] == i - 1 and runs[-3] == p:
+            runs[-1] = i
+        else:
+            runs += (p, i, i)
+
+
+def add_deliveries(runs: list[int], deliveries: Iterable[Delivery]) -> None:
+    """Extend a delivery record's runs (flat: priority, first, last, attempts, ...): a run
+    is consecutive ids of one priority delivered with the same attempt count, which a
+    window of first deliveries is."""
+    messages = [d.message for d in deliveries]
+    if len(messages) > 1 and _one_run(messages) and len(set(map(_ATTEMPTS, messages))) == 1:
+        m = messages[0]
+        p, first, last, a = m.priority, m.id, messages[-1].id, m.attempts
+        if runs and runs[-2] == first - 1 and runs[-4] == p and runs[-1] == a:
+            runs[-2] = last
+        else:
+            runs += (p, first, last, a)
+        return
+    for m in messages:
+        p, i, a = m.priority, m.id, m.attempts
+        if runs and runs[-2] == i - 1 and runs[-4] == p and runs[-1] == a:
+            runs[-2] = i
+        else:
+            runs += (p, i, i, a)
