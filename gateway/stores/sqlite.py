@@ -79,6 +79,8 @@ _BACKGROUND_IDLE = 0.05  # the same while flushes keep writing them first (_writ
 # (seconds) the segments before the oldest queued body are looked at for that
 _COMPACT_FROM = 64 * 1024 * 1024
 _COMPACT_EVERY = 30.0
+# records a publish of one message may be joined past (to the last such publish's)
+_BESIDE = frozenset(("AR", "E", "U"))
 
 
 class SQLiteStore(Store):
@@ -102,7 +104,11 @@ class SQLiteStore(Store):
         self._id_ceiling = 0
         # recorded, not yet in the log
         self._ops: list[tuple[Any, ...]] = []
-        self._joining: Joining | None = None  # publishes of one message each joined
+        # the last publish of one message, if only deliveries, finishes and changes were
+        # recorded after it (its place among `_ops`, else -1): the next such publish may
+        # join it (Joining), and more after that one
+        self._lone = -1
+        self._joining: Joining | None = None
         self._recorded = 0  # records made so far
         self._written = 0  # records in the log so far
         self._wake = trio.Event()  # set by the first record after a write
@@ -172,6 +178,8 @@ class SQLiteStore(Store):
     def _record(self, op: tuple[Any, ...]) -> None:
         if not self._ops:
             self._wake.set()
+        if self._lone >= 0 and op[0] not in _BESIDE:
+            self._end_join()
         self._ops.append(op)
         self._recorded += 1
 
@@ -196,30 +204,33 @@ class SQLiteStore(Store):
             self.reserve_ids(messages[-1].id)
         # the per-group fields as they are now: a delivery that changes them before the
         # write is recorded on its own
-        if len(messages) == 1 and self._ops and self._join(gids, messages[0], due):
-            return
-        self._record(put_record(gids, messages, due))
+        if len(messages) > 1:
+            self._record(put_record(gids, messages, due))
+        elif self._lone < 0 or not self._join(gids, messages[0], due):
+            self._record(put_record(gids, messages, due))  # ends the join open, if any
+            self._lone = len(self._ops) - 1
 
     def _join(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
-        """Join a publish of one message to the one the last record holds, if that is a
-        publish of one message (or such publishes joined) that it fits (Joining)."""
-        ops = self._ops
-        at = len(ops) - 1
+        """Join a publish of one message to the last one (`_lone`), if it fits. A
+        delivery, finish or change recorded between them concerns other messages (this
+        one is new), and the index applies a pass's publishes before them anyway: the
+        joined record takes the first one's place."""
         joining = self._joining
-        if joining is not None and joining.at == at:
+        if joining is not None:
             return joining.add(gids, message, due)
-        last = ops[at]
-        if (
-            last[0] != "P"
-            or last[3] != 1
-            or message.id != last[2] + 1
-            or not Joining.fits(last, gids, message, due)
-        ):
+        head = self._ops[self._lone]
+        if message.id != head[2] + 1 or not Joining.fits(head, gids, message, due):
             return False
-        if joining is not None:  # one further back, with records after it: it is done
-            ops[joining.at] = joining.record()
-        joining = self._joining = Joining(at, last)
+        joining = self._joining = Joining(self._lone, head)
         return joining.add(gids, message, due)
+
+    def _end_join(self) -> None:
+        """No publish joins the last one any more: its record is made."""
+        joining = self._joining
+        if joining is not None:
+            self._ops[joining.at] = joining.record()
+            self._joining = None
+        self._lone = -1
 
     def update(
         self,
@@ -379,10 +390,7 @@ class SQLiteStore(Store):
             return
         assert self._log is not None
         started = time.perf_counter()
-        joining = self._joining
-        if joining is not None:
-            ops[joining.at] = joining.record()
-            self._joining = None
+        self._end_join()
         frame = encode(ops)
         try:
             position = self._log.write(frame)

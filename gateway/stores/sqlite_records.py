@@ -72,14 +72,16 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
 
 
 class Joining:
-    """Publishes of one message each, recorded one after another with nothing between
-    them: sixteen connections' PUBs in one pass of the scheduler, four producers' puts
-    into one tube. They differ in id (consecutive), body, timestamp and origin only, so
-    they are one record, as an MPUB of them would be: one tuple in the frame's pickle
-    instead of one each, and one for the index to take apart. All of them are in the
-    same frame, written or lost together, so joining them promises no more than each
-    promised alone. The record is made as the frame is (`record`): until then the
-    bodies, timestamps and origins gather here."""
+    """Publishes of one message each, recorded one after another (deliveries, finishes
+    and changes of other messages may be between them: a consumer waiting for them
+    takes each one as it comes): sixteen connections' PUBs in one pass of the
+    scheduler, four producers' puts into one tube. They differ in id (consecutive),
+    body, timestamp and origin only, so they are one record, as an MPUB of them would
+    be: one tuple in the frame's pickle instead of one each, and one for the index to
+    take apart. All of them are in the same frame, written or lost together, so joining
+    them promises no more than each promised alone. The record is made as the frame is
+    (`record`), in the first one's place: until then the bodies, timestamps and origins
+    gather here."""
 
     __slots__ = ("at", "bodies", "head", "next_id", "origins", "stamps")
 

@@ -2,13 +2,16 @@
 one log record (sqlite_records.Joining): sixteen connections' PUBs in one pass of the
 scheduler are one record, as an MPUB of them would be, and every message keeps its own
 id, body, timestamp and origin, read back from the index or replayed from the log alone.
-A publish that differs in anything else, or has a record between it and the last one,
-is a record of its own."""
+Deliveries, finishes and changes of other messages may be recorded between them (a
+consumer waiting for them takes each one as it comes); a publish that differs in
+anything else, or has any other record between it and the last one, is a record of its
+own."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from gateway.model import Message
@@ -87,7 +90,7 @@ async def test_a_publish_joins_the_one_just_before_it_only_if_it_fits(tmp_path: 
     ]
     for groups, m in put:
         store.put("t", groups, [m], 0.0)
-    store.update("t", "h", put[-1][1])  # a record between
+    store.add_group("t", "k")  # a record between: not a delivery, finish or change
     store.put("t", ["h"], [msg(10, priority=5, ttr=30.0)], 0.0)
     store.put("t", ["h"], [msg(11, priority=5, ttr=30.0)], 0.0)  # joins 10
     store.flush_now()
@@ -103,3 +106,30 @@ async def test_a_publish_joins_the_one_just_before_it_only_if_it_fits(tmp_path: 
     ]
     assert fields(await store.load("t", "h", FIRST, 100)) == fields(in_h)
     await store.close()
+
+
+async def test_deliveries_and_finishes_between_publishes_leave_them_one_record(
+    tmp_path: Path,
+) -> None:
+    """A consumer waiting for the messages: each publish is delivered as it comes, and
+    some finished. The publishes are one record, the deliveries one (runs of ids), and
+    the index ends with what each record said: 1 finished, 2 and 3 in flight (ready as
+    far as the index knows, delivered once), 4 ready."""
+    path = tmp_path / "gateway.db"
+    store = await opened(path, ("g",))
+    recorder = store.recorder("t", "g")
+    messages = [msg(i) for i in range(1, 5)]
+    for m in messages:
+        store.put("t", ["g"], [m], 0.0)
+        if m.id < 4:
+            m.attempts += 1
+            recorder.delivered(SimpleNamespace(message=m))
+        if m.id == 1:
+            recorder.finished_all([m])
+    store.flush_now()
+    assert [op[2:4] for op in publishes(store)] == [(1, 4)]
+    await store.close()
+    store = await opened(path)
+    got = await store.load("t", "g", FIRST, 100)
+    await store.close()
+    assert [(m.id, m.attempts) for m in got] == [(2, 1), (3, 1), (4, 0)]
