@@ -59,7 +59,14 @@ from gateway.stores.sqlite_open import (
     recover,
     replay_into,
 )
-from gateway.stores.sqlite_records import Joining, add_deliveries, add_finishes, put_record
+from gateway.stores.sqlite_records import (
+    Joining,
+    add_deliveries,
+    add_finishes,
+    put_record,
+    shared,
+    sharing,
+)
 from gateway.stores.sqlite_runs import BURIED, READY
 from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
@@ -219,7 +226,7 @@ class SQLiteStore(Store):
         if joining is not None:
             return joining.add(gids, message, due)
         head = self._ops[self._lone]
-        if message.id != head[2] + 1 or not Joining.fits(head, gids, message, due):
+        if message.id != head[2] + 1 or sharing(gids, message, due) != shared(head):
             return False
         joining = self._joining = Joining(self._lone, head)
         return joining.add(gids, message, due)

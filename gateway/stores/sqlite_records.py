@@ -71,6 +71,21 @@ def put_record(gids: tuple[int, ...], messages: Sequence[Message], due: float) -
     return ("P", gids, first.id, n, due, first.priority, first.attempts, fields, batch)
 
 
+def shared(head: Op) -> tuple[Any, ...]:
+    """What a publish of one message must share with `head`'s (one message too) to join
+    it: groups, due time, priority, attempts, ttr, reply-to, header block and headers."""
+    batch = head[8]
+    return (head[1], head[4], head[5], head[6], batch[1], batch[3], batch[5], batch[4])
+
+
+def sharing(gids: tuple[int, ...], message: Message, due: float) -> tuple[Any, ...]:
+    """`shared` of the record a publish of `message` alone into `gids` would have (the
+    headers as put_record writes them)."""
+    m = message
+    headers = json.dumps(m.headers) if m.headers else None
+    return (gids, due, m.priority, m.attempts, m.ttr, m.reply_to, m.header_block, headers)
+
+
 class Joining:
     """Publishes of one message each, recorded one after another (deliveries, finishes
     and changes of other messages may be between them: a consumer waiting for them
@@ -83,39 +98,22 @@ class Joining:
     (`record`), in the first one's place: until then the bodies, timestamps and origins
     gather here."""
 
-    __slots__ = ("at", "bodies", "head", "next_id", "origins", "stamps")
+    __slots__ = ("at", "bodies", "head", "key", "next_id", "origins", "stamps")
 
     def __init__(self, at: int, head: Op) -> None:
         self.at = at  # the head's place among the records not yet written
         self.head = head  # the first publish's record
+        self.key = shared(head)
         batch = head[8]
-        body = batch[6].raw()
-        self.bodies: list[Any] = [body]
+        self.bodies: list[Any] = [batch[6].raw()]
         self.stamps = [batch[0]]
         self.origins = [batch[2]]
         self.next_id = head[2] + 1
 
-    @staticmethod
-    def fits(head: Op, gids: tuple[int, ...], message: Message, due: float) -> bool:
-        """Whether `message`, published alone into `gids`, shares every field but its
-        body, timestamp and origin with the publish of `head` (one message alone)."""
-        batch = head[8]
-        return (
-            head[1] == gids
-            and head[4] == due
-            and head[5] == message.priority
-            and head[6] == message.attempts
-            and batch[1] == message.ttr
-            and batch[3] == message.reply_to
-            and batch[5] == message.header_block
-            and (
-                batch[4] is None if not message.headers else batch[4] == json.dumps(message.headers)
-            )
-        )
-
     def add(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
-        """Join `message` (its publish's only one) if it is the next id and fits."""
-        if message.id != self.next_id or not self.fits(self.head, gids, message, due):
+        """Join `message` (its publish's only one) if it is the next id and shares with
+        the first one what `shared` says."""
+        if message.id != self.next_id or sharing(gids, message, due) != self.key:
             return False
         body = message.body
         self.bodies.append(body if type(body) is bytes else bytes(body))
