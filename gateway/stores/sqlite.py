@@ -59,14 +59,7 @@ from gateway.stores.sqlite_open import (
     recover,
     replay_into,
 )
-from gateway.stores.sqlite_records import (
-    Joining,
-    add_deliveries,
-    add_finishes,
-    put_record,
-    shared,
-    sharing,
-)
+from gateway.stores.sqlite_records import Pending, add_deliveries, add_finishes
 from gateway.stores.sqlite_runs import BURIED, READY
 from gateway.stores.sqlite_tail import Tail, taken_position
 from gateway.stores.worker import Worker
@@ -86,8 +79,6 @@ _BACKGROUND_IDLE = 0.05  # the same while flushes keep writing them first (_writ
 # (seconds) the segments before the oldest queued body are looked at for that
 _COMPACT_FROM = 64 * 1024 * 1024
 _COMPACT_EVERY = 30.0
-# records a publish of one message may be joined past (to the last such publish's)
-_BESIDE = frozenset(("AR", "E", "U"))
 
 
 class SQLiteStore(Store):
@@ -109,16 +100,7 @@ class SQLiteStore(Store):
         self._next_tid = 1
         self._next_gid = 1
         self._id_ceiling = 0
-        # recorded, not yet in the log
-        self._ops: list[tuple[Any, ...]] = []
-        # the last publish of one message, if only deliveries, finishes and changes were
-        # recorded after it (its place among `_ops`, else -1): the next such publish may
-        # join it (Joining), and more after that one
-        self._lone = -1
-        self._joining: Joining | None = None
-        self._recorded = 0  # records made so far
-        self._written = 0  # records in the log so far
-        self._wake = trio.Event()  # set by the first record after a write
+        self._pending = Pending()  # recorded, not yet in the log
         self._unapplied = Tail()  # in the log, not yet in the index
         self._applying = False
         self._applied_at = 0.0  # Trio clock: the last update of the index
@@ -176,19 +158,11 @@ class SQLiteStore(Store):
         for t in self._topics.values():
             if t.backlog == 0:  # a topic whose backlog row is missing: make one
                 t.backlog = self._new_gid()
-                self._record(("G+", t.backlog, t.id, None))
+                self._pending.add(("G+", t.backlog, t.id, None))
         self._stats.messages_on_disk = found.entries
         return found.state
 
     # -- recording (event loop, synchronous, cheap) ----------------------------
-
-    def _record(self, op: tuple[Any, ...]) -> None:
-        if not self._ops:
-            self._wake.set()
-        if self._lone >= 0 and op[0] not in _BESIDE:
-            self._end_join()
-        self._ops.append(op)
-        self._recorded += 1
 
     def _new_gid(self) -> int:
         gid = self._next_gid
@@ -211,33 +185,7 @@ class SQLiteStore(Store):
             self.reserve_ids(messages[-1].id)
         # the per-group fields as they are now: a delivery that changes them before the
         # write is recorded on its own
-        if len(messages) > 1:
-            self._record(put_record(gids, messages, due))
-        elif self._lone < 0 or not self._join(gids, messages[0], due):
-            self._record(put_record(gids, messages, due))  # ends the join open, if any
-            self._lone = len(self._ops) - 1
-
-    def _join(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
-        """Join a publish of one message to the last one (`_lone`), if it fits. A
-        delivery, finish or change recorded between them concerns other messages (this
-        one is new), and the index applies a pass's publishes before them anyway: the
-        joined record takes the first one's place."""
-        joining = self._joining
-        if joining is not None:
-            return joining.add(gids, message, due)
-        head = self._ops[self._lone]
-        if message.id != head[2] + 1 or sharing(gids, message, due) != shared(head):
-            return False
-        joining = self._joining = Joining(self._lone, head)
-        return joining.add(gids, message, due)
-
-    def _end_join(self) -> None:
-        """No publish joins the last one any more: its record is made."""
-        joining = self._joining
-        if joining is not None:
-            self._ops[joining.at] = joining.record()
-            self._joining = None
-        self._lone = -1
+        self._pending.publish(gids, messages, due)
 
     def update(
         self,
@@ -257,7 +205,7 @@ class SQLiteStore(Store):
         state = BURIED if buried else READY
         priority = message.priority
         was = priority if priority_was is None else priority_was
-        self._record(("U", (priority, message.attempts, due, state, gid, was, message.id)))
+        self._pending.add(("U", (priority, message.attempts, due, state, gid, was, message.id)))
 
     def remove(self, topic: str, group: str | None, messages: Iterable[Message]) -> None:
         t = self._topics.get(topic)
@@ -270,24 +218,13 @@ class SQLiteStore(Store):
     def _removed(self, gid: int, messages: Sequence[Message]) -> None:
         # a run of finishes in one group between other records is one record, and its
         # consecutive ids one run (a consumer finishes in about the order of delivery)
-        add_finishes(self._running("E", gid), messages)
+        add_finishes(self._pending.running("E", gid), messages)
 
     def _delivered(self, gid: int, deliveries: Iterable[Delivery]) -> None:
         # ("AR", gid, [priority, first, last, attempts, ...]): first deliveries and the
         # like, which change a message's attempts only; a run of them in one group is one
         # record, a window of consecutive ids one run of it
-        add_deliveries(self._running("AR", gid), deliveries)
-
-    def _running(self, kind: str, gid: int) -> list[int]:
-        """The runs of the last record if it is a `kind` record of this group (extended
-        in place), else of a new one."""
-        ops = self._ops
-        if ops and (last := ops[-1])[0] == kind and last[1] == gid:
-            extended: list[int] = last[2]
-            return extended
-        runs: list[int] = []
-        self._record((kind, gid, runs))
-        return runs
+        add_deliveries(self._pending.running("AR", gid), deliveries)
 
     def recorder(self, topic: str, group: str) -> GroupRecorder:
         return _Recorder(self, topic, group)
@@ -304,7 +241,7 @@ class SQLiteStore(Store):
         tid = self._next_tid
         self._next_tid += 1
         t = self._topics[topic] = TopicIds(tid, self._new_gid())
-        self._record(("T+", tid, topic, t.backlog))
+        self._pending.add(("T+", tid, topic, t.backlog))
         return t
 
     def add_group(self, topic: str, group: str) -> None:
@@ -314,7 +251,7 @@ class SQLiteStore(Store):
 
     def _add_group(self, t: TopicIds, group: str) -> int:
         gid = t.groups[group] = self._new_gid()
-        self._record(("G+", gid, t.id, group))
+        self._pending.add(("G+", gid, t.id, group))
         return gid
 
     def fan_out_backlog(self, topic: str, groups: Sequence[str]) -> None:
@@ -322,17 +259,17 @@ class SQLiteStore(Store):
         if t is None:
             return
         gids = tuple([t.groups.get(g) or self._add_group(t, g) for g in groups])
-        self._record(("F", t.backlog, gids))
+        self._pending.add(("F", t.backlog, gids))
 
     def drop_group(self, topic: str, group: str) -> None:
         t = self._topics.get(topic)
         if t is not None and (gid := t.groups.pop(group, None)) is not None:
-            self._record(("G-", gid))
+            self._pending.add(("G-", gid))
 
     def drop_topic(self, topic: str) -> None:
         t = self._topics.pop(topic, None)
         if t is not None:
-            self._record(("T-", t.id))
+            self._pending.add(("T-", t.id))
 
     def clear(self, topic: str, group: str | None) -> None:
         t = self._topics.get(topic)
@@ -340,20 +277,20 @@ class SQLiteStore(Store):
             return
         gid = t.backlog if group is None else t.groups.get(group)
         if gid is not None:
-            self._record(("C", gid))
+            self._pending.add(("C", gid))
 
     def set_paused(self, topic: str, group: str | None, paused: bool) -> None:
         t = self._topics.get(topic) or self._add_topic(topic)
         if group is None:
-            self._record(("PT", t.id, int(paused)))
+            self._pending.add(("PT", t.id, int(paused)))
         else:
             gid = t.groups.get(group) or self._add_group(t, group)
-            self._record(("PG", gid, int(paused)))
+            self._pending.add(("PG", gid, int(paused)))
 
     def reserve_ids(self, ceiling: int) -> None:
         if ceiling > self._id_ceiling:
             self._id_ceiling = ceiling
-            self._record(("R", ceiling))
+            self._pending.add(("R", ceiling))
 
     # -- the write path: the log, on the event loop ----------------------------
 
@@ -364,17 +301,17 @@ class SQLiteStore(Store):
 
     def _write_pending(self) -> None:
         """Write every record not yet in the log, or raise why it cannot be."""
-        if self._written < self._recorded:
+        if self._pending.ops:
             if self.failed is not None:
                 raise self.failed
             self._write()
-            if self._written < self._recorded:
+            if self._pending.ops:
                 assert self.failed is not None
                 raise self.failed
 
     def flush_now(self) -> bool:
         if self.fsync == "always":
-            return self._written >= self._recorded and self._fsyncs.all_synced
+            return not self._pending.ops and self._fsyncs.all_synced
         self._write_pending()
         return True
 
@@ -392,12 +329,12 @@ class SQLiteStore(Store):
 
     def _write(self) -> None:
         """Everything recorded so far, in one frame, with one write (event loop)."""
-        ops = self._ops
-        if not ops:
+        pending = self._pending
+        if not pending.ops:
             return
         assert self._log is not None
         started = time.perf_counter()
-        self._end_join()
+        ops = pending.frame()
         frame = encode(ops)
         try:
             position = self._log.write(frame)
@@ -408,8 +345,7 @@ class SQLiteStore(Store):
             if first:
                 log.error("%s; publishes are refused until writes succeed again", self.failed)
             return
-        self._ops = []
-        self._written = self._recorded
+        pending.written()
         self._fsyncs.wrote(position)
         if self._unapplied.wrote(ops, frame, position):
             self._apply_wake.set()
@@ -443,9 +379,10 @@ class SQLiteStore(Store):
         retry = _RETRY_FIRST
         delay = _BACKGROUND_DELAY
         while True:
-            if not self._ops:
-                await self._wake.wait()
-            self._wake = trio.Event()
+            pending = self._pending
+            if not pending.ops:
+                await pending.wake.wait()
+            pending.wake = trio.Event()
             # records nobody waits for: let a few milliseconds' worth gather into one
             # write; a failing disk: back off. While publishes' flushes write them first
             # (they write every record made so far), the loop looks less often: each look
@@ -453,7 +390,7 @@ class SQLiteStore(Store):
             # PUBs one at a time. A record then waits for the next flush, or at most
             # _BACKGROUND_IDLE.
             await trio.sleep(delay if self._log_failed is None else retry)
-            if self._ops:
+            if pending.ops:
                 self._write()
                 delay = _BACKGROUND_DELAY
             else:
@@ -642,12 +579,12 @@ class SQLiteStore(Store):
                     await self.flush()
                     await self._fsyncs.through(self._fsyncs.written)
                     await self.caught_up()
-                if not self._ops and not self._unapplied:
+                if not self._pending.ops and not self._unapplied:
                     break
                 self._log_failed = self._index_failed = None  # try again
                 await trio.sleep(retry)
                 retry *= 2
-            lost = len(self._ops)
+            lost = len(self._pending.ops)
             await self._worker.run(self._close_sync, not self._unapplied)
             self._worker.stop()
             self._fsyncs.stop()

@@ -1,6 +1,7 @@
-"""The durable store's log records, made on the event loop (sqlite.py writes them to the
-log; sqlite_sql.py applies them to the index). Each call here runs once per publish,
-delivery or finish: plain data, a few C-level passes, no I/O.
+"""The durable store's log records, made on the event loop and held until the next write
+(`Pending`; sqlite.py writes them to the log, sqlite_sql.py applies them to the index).
+Each call here runs once per publish, delivery or finish: plain data, a few C-level
+passes, no I/O.
 
 A record (an `Op`) is a tuple of ints, floats, strings and bytes only (log.py):
 
@@ -32,6 +33,8 @@ from itertools import accumulate
 from operator import attrgetter
 from pickle import PickleBuffer
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from gateway.model import Message, Publish
 
@@ -137,6 +140,85 @@ class Joining:
             json.dumps(origins) if origins.count(origin) != n else None,
         )  # fmt: skip
         return (*head[:3], n, *head[4:8], batch)
+
+
+# records a publish of one message may be joined past (to the last such publish's)
+_BESIDE = frozenset(("AR", "E", "U"))
+
+
+class Pending:
+    """The records made since the last write, in the order they were made: the next
+    write's frame. A publish of one message may join the last one's record (Joining),
+    and finishes or deliveries the last record of their kind and group (`running`),
+    instead of adding one."""
+
+    __slots__ = ("joining", "lone", "ops", "wake")
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.wake = trio.Event()  # set by the first record after a write
+        # the last publish of one message, if only deliveries, finishes and changes were
+        # recorded after it (its place among `ops`, else -1): the next such publish may
+        # join it, and more after that one
+        self.lone = -1
+        self.joining: Joining | None = None
+
+    def add(self, op: Op) -> None:
+        if not self.ops:
+            self.wake.set()
+        if self.lone >= 0 and op[0] not in _BESIDE:
+            self._end_join()
+        self.ops.append(op)
+
+    def publish(self, gids: tuple[int, ...], messages: Sequence[Message], due: float) -> None:
+        """The record of a publish, or its one message joined to the last one's."""
+        if len(messages) > 1:
+            self.add(put_record(gids, messages, due))
+        elif self.lone < 0 or not self._join(gids, messages[0], due):
+            self.add(put_record(gids, messages, due))  # ends the join open, if any
+            self.lone = len(self.ops) - 1
+
+    def _join(self, gids: tuple[int, ...], message: Message, due: float) -> bool:
+        """Join a publish of one message to the last one (`lone`), if it fits. A
+        delivery, finish or change recorded between them concerns other messages (this
+        one is new), and the index applies a pass's publishes before them anyway: the
+        joined record takes the first one's place."""
+        joining = self.joining
+        if joining is not None:
+            return joining.add(gids, message, due)
+        head = self.ops[self.lone]
+        if message.id != head[2] + 1 or sharing(gids, message, due) != shared(head):
+            return False
+        joining = self.joining = Joining(self.lone, head)
+        return joining.add(gids, message, due)
+
+    def _end_join(self) -> None:
+        """No publish joins the last one any more: its record is made."""
+        joining = self.joining
+        if joining is not None:
+            self.ops[joining.at] = joining.record()
+            self.joining = None
+        self.lone = -1
+
+    def running(self, kind: str, gid: int) -> list[int]:
+        """The runs of the last record if it is a `kind` record of this group (extended
+        in place), else of a new one."""
+        ops = self.ops
+        if ops and (last := ops[-1])[0] == kind and last[1] == gid:
+            extended: list[int] = last[2]
+            return extended
+        runs: list[int] = []
+        self.add((kind, gid, runs))
+        return runs
+
+    def frame(self) -> list[Op]:
+        """The records, for the next write (a join still open made its record)."""
+        self._end_join()
+        return self.ops
+
+    def written(self) -> None:
+        """The records are in the log."""
+        self.ops = []
 
 
 # -- finishes and deliveries: runs of ids ---------------------------------------------
