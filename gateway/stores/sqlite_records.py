@@ -103,10 +103,10 @@ class Joining:
 
     __slots__ = ("at", "bodies", "head", "key", "next_id", "origins", "stamps")
 
-    def __init__(self, at: int, head: Op) -> None:
+    def __init__(self, at: int, head: Op, key: tuple[Any, ...]) -> None:
         self.at = at  # the head's place among the records not yet written
         self.head = head  # the first publish's record
-        self.key = shared(head)
+        self.key = key  # shared(head)
         batch = head[8]
         self.bodies: list[Any] = [batch[6].raw()]
         self.stamps = [batch[0]]
@@ -118,12 +118,16 @@ class Joining:
         the first one what `shared` says."""
         if message.id != self.next_id or sharing(gids, message, due) != self.key:
             return False
+        self.append(message)
+        return True
+
+    def append(self, message: Message) -> None:
+        """Join `message`, known to fit."""
         body = message.body
         self.bodies.append(body if type(body) is bytes else bytes(body))
         self.stamps.append(message.timestamp)
         self.origins.append(message.origin)
         self.next_id += 1
-        return True
 
     def record(self) -> Op:
         """The one record of the joined publishes."""
@@ -187,10 +191,14 @@ class Pending:
         if joining is not None:
             return joining.add(gids, message, due)
         head = self.ops[self.lone]
-        if message.id != head[2] + 1 or sharing(gids, message, due) != shared(head):
+        if message.id != head[2] + 1 or head[1] != gids:  # puts into tubes in turn
             return False
-        joining = self.joining = Joining(self.lone, head)
-        return joining.add(gids, message, due)
+        key = shared(head)
+        if sharing(gids, message, due) != key:
+            return False
+        self.joining = Joining(self.lone, head, key)
+        self.joining.append(message)
+        return True
 
     def _end_join(self) -> None:
         """No publish joins the last one any more: its record is made."""
