@@ -13,15 +13,14 @@ import contextlib
 import logging
 import sqlite3
 from array import array
-from typing import Any
 
 from crc32c import crc32c
 
 from gateway.stores.log import Bodies, Log, segment_path
+from gateway.stores.sqlite_records import Op
 
 log = logging.getLogger("gateway.store")
 
-Op = tuple[Any, ...]  # a record of the log (sqlite_sql.Op)
 
 # the segments queued bodies are in; the bytes of queued bodies in each segment before one
 # a batch with holes counts its own bytes only (`own`), not the others' its range spans

@@ -46,6 +46,7 @@ from typing import Any
 from crc32c import crc32c
 
 from gateway.stores import sqlite_runs as runs
+from gateway.stores.sqlite_records import Op  # a record of the log: its kinds, fields
 from gateway.stores.sqlite_runs import READY
 
 # a publish's bodies in the log: segment, offset, the bodies themselves (a view of the
@@ -115,8 +116,6 @@ _INSERT_BATCH = (
 _SPAN = 1 << 20  # a publish's bodies this far after the first ones' start another batch
 _HOLES = 64  # at most so many ids of other publishes between two that join
 
-# a record of the log: its kinds and fields are described in sqlite_records.py
-Op = tuple[Any, ...]
 _Update = tuple[Any, ...]  # the "U" tuple
 
 # meta: the log position the index holds up to, and the one the log was fsynced to then
