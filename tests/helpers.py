@@ -192,15 +192,25 @@ class RawBeanstalk:
         await self.stream.aclose()
 
 
-def written_end(segment: Path) -> int:
-    """Where the frames written to a store log segment end: its file is longer while it
-    is being written (its blocks are allocated when it is made, the rest reads as
-    zeros), as a killed gateway leaves it."""
-    data = segment.read_bytes()
+def frames(segment: Path) -> list[memoryview]:
+    """The payloads of the frames written to a store log segment, read without touching
+    the file (a replay cuts the allocated rest of the segment being written)."""
+    data = memoryview(segment.read_bytes())
+    out = []
     offset = 0
     while offset + store_log.HEADER.size <= len(data):
         length, _ = store_log.HEADER.unpack_from(data, offset)
         if length == 0:
             break
-        offset += store_log.HEADER.size + length
-    return min(offset, len(data))
+        start = offset + store_log.HEADER.size
+        out.append(data[start : start + length])
+        offset = start + length
+    return out
+
+
+def written_end(segment: Path) -> int:
+    """Where the frames written to a store log segment end: its file is longer while it
+    is being written (its blocks are allocated when it is made, the rest reads as
+    zeros), as a killed gateway leaves it."""
+    size = segment.stat().st_size
+    return min(sum(store_log.HEADER.size + len(f) for f in frames(segment)), size)

@@ -16,7 +16,8 @@ from typing import Any
 
 from gateway.model import Message
 from gateway.stores import SQLiteStore
-from gateway.stores.log import replay
+from gateway.stores.log import decode, segment_path, segments
+from tests.helpers import frames
 
 FIRST = (-(2**62), 0)  # before every (priority, id)
 
@@ -41,8 +42,13 @@ async def opened(path: Path, groups: tuple[str, ...] = ()) -> SQLiteStore:
 
 def publishes(store: SQLiteStore) -> list[tuple[Any, ...]]:
     """The publish records in the store's log, in order."""
-    frames = replay(store.log_dir, (0, 0))
-    return [op for _, records, _ in frames for op in records if op[0] == "P"]
+    return [
+        op
+        for number in segments(store.log_dir)
+        for payload in frames(segment_path(store.log_dir, number))
+        for op in decode(payload)[0]
+        if op[0] == "P"
+    ]
 
 
 def fields(messages: list[Message]) -> list[tuple[int, bytes, int, str, int]]:
