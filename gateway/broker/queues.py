@@ -145,6 +145,16 @@ def _spill_point(key: Key, top: Key) -> Key:
     return max(key, (top[0], top[1] + 1)) if top != NO_KEY else key
 
 
+def _none_among(ids: set[int], rows: list[Message]) -> bool:
+    """Whether none of `ids` can be among `rows` (read in (priority, id) order) without a
+    look-up per row: rows of one priority have ascending ids, and what is in flight during
+    a page-in of a deep queue was delivered from memory, before the rows read."""
+    if not ids or not rows:
+        return True
+    first, last = rows[0], rows[-1]
+    return first.priority == last.priority and (max(ids) < first.id or min(ids) > last.id)
+
+
 def _past(messages: Sequence[Message], spill_from: Key) -> bool:
     """Whether every message is ready and at or after `spill_from`, checked on the first
     alone where that holds for all: one message, or one publish (Publish: one priority
@@ -450,7 +460,7 @@ class LocalQueue(Queue):
         busy.update(group.in_flight)
         busy |= self._gone
         self._gone = set()
-        msgs = [m for m in rows if m.id not in busy]
+        msgs = rows if _none_among(busy, rows) else [m for m in rows if m.id not in busy]
         if rows:
             last = rows[-1]
             after = (last.priority, last.id + 1)
