@@ -120,7 +120,8 @@ class Message:
     def run(
         first_id: int,
         topic: str,
-        bodies: Iterable[bytes],
+        data: bytes,
+        cuts: Iterable[int],
         timestamp: int,
         headers: list[tuple[str, str]] | None,
         attempts: int,
@@ -130,18 +131,22 @@ class Message:
         origin: str,
         header_block: bytes | None,
     ) -> list[Message]:
-        """Messages of consecutive ids from `first_id`, one per body, every other field
-        the same (a stored publish read back, as a shared store's claim does for every
-        message it takes). The slots are filled here, without a call per message: a
-        fifth less time than `Message(...)` in that loop."""
+        """Messages of consecutive ids from `first_id`, their bodies cut out of `data`
+        (`cuts`: where the first starts, then where each ends), every other field the
+        same (a stored publish read back, as a page-in and a shared store's claim do for
+        every message they take). The slots are filled and the bodies cut in one loop,
+        without a call per message: a fifth less time than `Message(...)` in a loop, and
+        a tenth less again than cutting the bodies in a loop of their own."""
         out = []
         append = out.append
         new = Message.__new__
-        for msg_id, body in enumerate(bodies, first_id):
+        ends = iter(cuts)
+        start = next(ends, 0)
+        for msg_id, end in enumerate(ends, first_id):
             m = new(Message)
             m.id = msg_id
             m.topic = topic
-            m.body = body
+            m.body = data[start:end]
             m.timestamp = timestamp
             m.headers = list(headers) if headers is not None else None
             m.attempts = attempts
@@ -153,6 +158,7 @@ class Message:
             m.stats = None
             m.header_block = header_block
             append(m)
+            start = end
         return out
 
     def __repr__(self) -> str:

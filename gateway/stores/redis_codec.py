@@ -8,7 +8,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate, pairwise
+from itertools import accumulate
 from operator import attrgetter, countOf
 
 from gateway.model import Message, Publish
@@ -181,12 +181,11 @@ def unpack_runs(
         offsets = array("I", blob[start:base])
         if sys.byteorder != "little":
             offsets.byteswap()
-        bounds = [o + base for o in offsets[first - batch : last - batch + 2]]
-        bodies = [blob[a:b] for a, b in pairwise(bounds)]
         out += Message.run(
             first,
             topic,
-            bodies,
+            blob,
+            [o + base for o in offsets[first - batch : last - batch + 2]],
             ts,  # type: ignore[arg-type]
             headers,  # type: ignore[arg-type]
             attempts,

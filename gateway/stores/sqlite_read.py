@@ -9,7 +9,6 @@ import json
 import sqlite3
 from array import array
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import Any
 
 from gateway.model import Message
@@ -70,11 +69,11 @@ def _expand(
         # only, built without a call per message
         stop = n if limit < 0 else min(n, first + limit - len(out))
         lo, hi = base + first, base + stop
-        cuts = ends[lo - 1 : hi] if lo else [0, *ends[:hi]]
         out += Message.run(
             start + first,
             topic,
-            [bodies[a:b] for a, b in pairwise(cuts)],
+            bodies,
+            ends[lo - 1 : hi] if lo else [0, *ends[:hi]],
             ts,
             headers,
             attempts,
