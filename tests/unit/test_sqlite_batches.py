@@ -281,3 +281,27 @@ def test_publishes_finished_in_every_group_before_the_index_took_them_are_left_o
     assert [op[2] for op in kept] == [5, 6]
     assert sorted(done[7].items) == [5, 6] and sorted(done[8].items) == [9]
     assert sorted(changed[7].items) == [6]  # the change of 1 went with its publish
+
+
+async def test_a_page_in_reads_the_batches_of_the_runs_it_reaches_together(
+    tmp_path: Path,
+) -> None:
+    """A page-in asks for the batch rows of the runs its limit reaches in one query per
+    500 of them (sqlite_read._Batches.fetch): every message comes back once, in order,
+    with its own body and fields, across more batches than one query asks for."""
+    path = tmp_path / "gateway.db"
+    store = await opened(path)
+    store.add_topic("t")
+    store.add_group("t", "g")
+    for i in range(1, 1201):
+        m = msg(i)
+        m.ttr = 60.0 + i  # a ttr of its own: a batch of its own
+        store.put("t", ["g"], [m], 0.0)
+    await store.flush()
+    got = await store.load("t", "g", (0, 0), 1100)
+    assert [m.id for m in got] == list(range(1, 1101))
+    assert all(m.body == b"body %d" % m.id and m.ttr == 60.0 + m.id for m in got)
+    rest = await store.load("t", "g", (got[0].priority, 1101), 500)
+    assert [(m.id, m.ttr) for m in rest] == [(i, 60.0 + i) for i in range(1101, 1201)]
+    await store.close()
+    assert len(batches(path)) == 1200
