@@ -42,7 +42,7 @@ class _Batches:
         """Read these batches ahead with a query per _MANY of them, not one each (a page-in
         of 5,000 messages published 100 at a time needs 50)."""
         cache = self.cache
-        missing = [b for b in ids if b not in cache]
+        missing = list({b for b in ids if b not in cache})  # a batch may hold several runs
         for k in range(0, len(missing), _MANY):
             chunk = missing[k : k + _MANY]
             marks = ",".join("?" * len(chunk))
