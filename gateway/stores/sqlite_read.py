@@ -127,7 +127,9 @@ def select(
     """Every message of the runs `where` selects, in key order (`by_id`: in id order)."""
     batches = _Batches(db, log)
     out: list[Message] = []
-    for row in db.execute(f"SELECT priority, {COLS} FROM runs WHERE {where}", args).fetchall():
+    rows = db.execute(f"SELECT priority, {COLS} FROM runs WHERE {where}", args).fetchall()
+    batches.fetch(row[5] for row in rows)
+    for row in rows:
         _expand(batches, topic, row[0], row[1:], out)
     if by_id:
         out.sort(key=lambda m: m.id)
