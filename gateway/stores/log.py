@@ -188,18 +188,34 @@ def replay(
                 os.fsync(f.fileno())
 
 
-class Bodies:
-    """Reads bodies back from the segments they were written to (the index's thread):
-    one descriptor per segment, kept open until the segment is deleted."""
+# segments whose descriptors `Bodies` keeps open at once. A queue read slowly while others
+# move on pins every segment after its oldest body, and page-ins read from many of them:
+# one descriptor each for as long as they stay would grow with the backlog, up to the
+# process's limit (1024 by default), past which no connection is accepted any more.
+OPEN_SEGMENTS = 32
 
-    def __init__(self, directory: Path) -> None:
+
+class Bodies:
+    """Reads bodies back from the segments they were written to (the index's thread),
+    keeping at most `most` descriptors open: the one opened first is closed for a new one.
+    First in, first out rather than least recently used: a read that finds its segment
+    open costs nothing more (a read per batch, a batch per message for single PUBs), and
+    page-ins read forward through the log, so the one opened first is rarely needed
+    again; when it is, it is opened again."""
+
+    def __init__(self, directory: Path, most: int = OPEN_SEGMENTS) -> None:
         self.directory = directory
+        self._most = most
         self._fds: dict[int, int] = {}
 
     def read(self, segment: int, offset: int, size: int) -> bytes:
-        fd = self._fds.get(segment)
+        fds = self._fds
+        fd = fds.get(segment)
         if fd is None:
-            fd = self._fds[segment] = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+            if len(fds) >= self._most:
+                with contextlib.suppress(OSError):
+                    os.close(fds.pop(next(iter(fds))))
+            fd = fds[segment] = os.open(segment_path(self.directory, segment), os.O_RDONLY)
         data = os.pread(fd, size, offset)
         if len(data) < size:
             raise OSError(f"store log segment {segment}: {size} bytes at {offset} are past its end")

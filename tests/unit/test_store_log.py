@@ -20,7 +20,7 @@ from gateway.stores import SQLiteStore
 from gateway.stores import log as store_log
 from gateway.stores import sqlite as sqlite_store
 from gateway.stores.base import StoreError
-from gateway.stores.log import Log, decode, encode, replay, segment_path, segments
+from gateway.stores.log import Bodies, Log, decode, encode, replay, segment_path, segments
 from gateway.stores.sqlite import FsyncPolicy
 from gateway.stores.sqlite_tail import APPLY_AGE
 
@@ -150,6 +150,36 @@ def test_a_corrupt_frame_ends_its_segment_and_the_next_segment_is_read(tmp_path:
     log.write(encode([("R", 3)]))
     log.close()
     assert frames(tmp_path) == [[("R", 1)], [("R", 3)]]
+
+
+def open_under(directory: Path) -> int:
+    """This process's descriptors open on files in `directory`."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed already
+            continue
+    return sum(t.startswith(str(directory)) for t in targets)
+
+
+def test_reading_bodies_from_many_segments_keeps_a_bounded_number_open(tmp_path: Path) -> None:
+    # a slow group pins every segment after its oldest body; page-ins of the others read
+    # from all of them: their descriptors must not grow with the backlog
+    for n in range(1, 13):
+        segment_path(tmp_path, n).write_bytes(b"%02d" % n * 100)
+    bodies = Bodies(tmp_path, most=4)
+    for n in range(1, 13):
+        assert bodies.read(n, 10, 4) == b"%02d%02d" % (n, n)
+        assert open_under(tmp_path) <= 4
+    # an open segment is read as it is; one closed since is opened again when asked for
+    assert bodies.read(12, 0, 2) == b"12"
+    assert bodies.read(1, 198, 2) == b"01"
+    assert open_under(tmp_path) == 4
+    bodies.forget([1, 12])
+    assert open_under(tmp_path) == 2
+    bodies.close()
+    assert open_under(tmp_path) == 0
 
 
 def test_a_log_yields_data_only() -> None:
