@@ -7,6 +7,7 @@ import argparse
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -209,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for override in sources.overrides:
         logging.getLogger("gateway.config").info("%s", override)
     _tune_gc()
+    _raise_open_files()
     failed: list[BaseException] = []
     try:
         gateway = Gateway(settings, config_file=sources.file, access_log=args.access_log)
@@ -227,6 +229,20 @@ def _leaves(group: BaseException) -> list[BaseException]:
     if isinstance(group, BaseExceptionGroup):
         return [leaf for exc in group.exceptions for leaf in _leaves(exc)]
     return [group]
+
+
+def _raise_open_files() -> None:
+    """The soft limit on open descriptors raised to the hard one, as the Go runtime does
+    for nsqd and nats-server at start (Go 1.19 on). A connection is a descriptor, and the
+    soft limit most systems start a service with (1024) is far below `max_connections`
+    (65536): past it, accepting stops until a connection closes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:  # a hard limit the kernel does not allow as soft
+        logging.getLogger("gateway").debug("open files: the soft limit stays %d (%s)", soft, exc)
 
 
 def _tune_gc() -> None:

@@ -33,22 +33,31 @@ def run_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+_WITH_OPEN_FILES = (
+    "import os, resource, sys;"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])));"
+    "os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
 async def _start(
     *args: str,
     env: dict[str, str] | None = None,
     marker: bytes = b"listening protocol=",
     seen: list[str] | None = None,
+    open_files: tuple[int, int] | None = None,
 ) -> tuple[trio.Process, str]:
     """Start `gateway serve ...` and return it with the first line holding `marker` (every
     line read until then goes to `seen`). Unless the arguments name a store, the durable
     store goes to a fresh directory, never to the repository's ./data."""
     if "--store" not in args and "--data-dir" not in args:
         args = (*args, "--data-dir", tempfile.mkdtemp(prefix="gateway-cli-"))
+    command = gateway_cmd("serve", *args)
+    if open_files is not None:
+        # the limits set in a Python that then becomes the gateway (exec keeps them)
+        command = [sys.executable, "-c", _WITH_OPEN_FILES, *map(str, open_files), *command]
     proc = await trio.lowlevel.open_process(
-        gateway_cmd("serve", *args),
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
+        command, stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, **(env or {})}
     )
     assert proc.stderr is not None
     buf = b""
@@ -228,6 +237,30 @@ async def test_every_listener_reports_its_port() -> None:
             reply = await client.get(f"http://127.0.0.1:{port}/ping")
         assert (reply.status_code, reply.text) == (200, "OK")
     finally:
+        assert await _stop(proc) == 0
+
+
+async def test_connections_past_a_low_open_files_soft_limit_are_served() -> None:
+    # nsqd and nats-server do this at start (the Go runtime); with a soft limit of 64 the
+    # gateway stopped accepting past about 40 connections while they stayed open
+    proc, line = await _start(
+        *("--nsq", "off", "--http", "off", "--beanstalk", "off", "--nats", "127.0.0.1:0"),
+        *("--nats-route", "off", "--rocketmq", "off", "--store", "memory://"),
+        open_files=(64, 1024),  # a soft limit far below the hard one, as services get
+    )
+    streams: list[trio.SocketStream] = []
+    try:
+        port = int(line.rsplit(":", 1)[1])
+        with trio.fail_after(10):
+            for _ in range(150):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                streams.append(stream)
+                assert (await stream.receive_some(4096)).startswith(b"INFO {")
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        assert "Max open files            1024                 1024" in limits, limits
+    finally:
+        for stream in streams:
+            await stream.aclose()
         assert await _stop(proc) == 0
 
 
