@@ -191,7 +191,7 @@ def replay(
 # segments whose descriptors `Bodies` keeps open at once. A queue read slowly while others
 # move on pins every segment after its oldest body, and page-ins read from many of them:
 # one descriptor each for as long as they stay would grow with the backlog, up to the
-# process's limit (1024 by default), past which no connection is accepted any more.
+# process's limit on open files, past which no connection is accepted any more.
 OPEN_SEGMENTS = 32
 
 
